@@ -1,0 +1,157 @@
+"""The `bgq` command line (typer): install-procs, process, requeue and demo."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from typing import Annotated
+
+import typer
+
+from .db import Database
+from .errors import BgqError
+from .install import install
+from .queue import Queue
+
+app = typer.Typer(
+    help="bgq: a durable background-job queue on MySQL/MariaDB or PostgreSQL.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class State:
+    app_path: str | None = None
+    database_url: str | None = None
+    table: str | None = None
+
+
+state = State()
+
+
+@app.callback()
+def options(
+    app_path: Annotated[
+        str | None,
+        typer.Option("--app", envvar="BGQ_APP", help="Your queue: 'package.module:queue' (a bgq.Queue or a factory)."),
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option("--database-url", envvar="BGQ_DATABASE_URL", help="SQLAlchemy URL; overrides the app's."),
+    ] = None,
+    table: Annotated[str | None, typer.Option("--table", help="Jobs table when no --app is given.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
+) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    state.app_path, state.database_url, state.table = app_path, database_url, table
+
+
+def load_queue(required: bool = True) -> Queue | None:
+    """Import the application's queue named by --app / BGQ_APP."""
+    if not state.app_path:
+        if required:
+            fail("No queue given: pass --app package.module:queue or set BGQ_APP.", code=2)
+        return None
+    module_name, _, attr = state.app_path.partition(":")
+    if not module_name or not attr:
+        fail(f"--app must look like 'package.module:queue', got {state.app_path!r}.", code=2)
+    sys.path.insert(0, "")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        fail(f"Cannot load {state.app_path!r}: {exc}", code=2)
+    queue = target() if callable(target) and not isinstance(target, Queue) else target
+    if not isinstance(queue, Queue):
+        fail(f"{state.app_path!r} is not a bgq.Queue (got {type(queue).__name__}).", code=2)
+    if state.database_url:
+        queue.close()
+        queue.config = type(queue.config)(**{**queue.config.__dict__, "database_url": state.database_url})
+    return queue
+
+
+def fail(message: str, code: int = 1) -> None:
+    typer.echo(f"bgq: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command("install-procs")
+def install_procs() -> None:
+    """Create the jobs table and install or upgrade bgq's stored procedures (idempotent)."""
+    queue = load_queue(required=False)
+    try:
+        if queue is not None:
+            changed, table, where = queue.install(), queue.config.table_name, queue.database.safe_url
+        else:
+            from .config import TABLE_NAME_RE
+
+            table = state.table or "background_job"
+            if not TABLE_NAME_RE.match(table):
+                fail(f"Invalid table name {table!r}.", code=2)
+            if state.database_url:
+                db = Database(state.database_url)
+            else:
+                from .embedded import embedded_url
+
+                db = Database(embedded_url())
+            changed, where = install(db, table), db.safe_url
+    except BgqError as exc:
+        fail(str(exc))
+    typer.echo(f"{'installed' if changed else 'already up to date'}: table {table} on {where}")
+
+
+app.command("update-schema", help="Alias of install-procs.")(install_procs)
+
+
+@app.command()
+def process() -> None:
+    """Cron mode: reap stalled jobs, then run every due job once (run it every minute)."""
+    queue = load_queue()
+    assert queue is not None
+    try:
+        report = queue.process()
+    except BgqError as exc:
+        fail(str(exc))
+    done = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items())) or "nothing due"
+    typer.echo(f"processed: {done}; reaped {report.reaped}")
+
+
+@app.command()
+def requeue(
+    job_ids: Annotated[list[int], typer.Argument(help="Job ids to run again.")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="Why; stored in error_message.")] = "manual requeue",
+) -> None:
+    """Put finished, failed or redundant jobs back to READY (not PROCESSING ones)."""
+    queue = load_queue()
+    assert queue is not None
+    failed = False
+    for job_id in job_ids:
+        try:
+            job = queue.requeue(job_id, reason)
+            typer.echo(f"requeued {job.id} (was state {job.state})")
+        except BgqError as exc:
+            typer.echo(f"bgq: job {job_id}: {exc}", err=True)
+            failed = True
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo() -> None:
+    """Run the canonical serial-group demo (a1 b1 c2 d1 e1 f2 g1 -> a b d e g c f).
+
+    Uses --database-url / BGQ_DATABASE_URL if set, else an embedded PostgreSQL.
+    """
+    from .demo import EXPECTED, run_demo
+
+    try:
+        ran = run_demo(state.database_url)
+    except BgqError as exc:
+        fail(str(exc))
+    if ran != EXPECTED:
+        fail(f"unexpected order {ran!r}")
+
+
+def main() -> None:
+    app()

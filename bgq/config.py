@@ -1,0 +1,172 @@
+"""Queue configuration: the options of the original library under snake_case names, validated once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+TABLE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,39}$")
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+#: Programming errors: a job that raises one of these fails for good instead of retrying for ever.
+DEFAULT_PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    TypeError,
+    AttributeError,
+    NameError,
+    ArithmeticError,
+    ImportError,
+)
+
+
+@dataclass(frozen=True)
+class CallbackSpec:
+    """One configured callback: the function, its sub-queue and its default priority."""
+
+    name: str
+    func: Callable[..., Any]
+    queue: str | None = None
+    priority: int | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated configuration of a Queue (see Queue's docstring for every option)."""
+
+    callbacks: Mapping[str, CallbackSpec]
+    database_url: str | None = None
+    queue: str = "default"
+    table_name: str = "background_job"
+    priorities: tuple[int, ...] = (1,)
+    bulk_size: int = 1
+    waiting_job_expiration: int = 1000
+    notify_on_number_of_attempts: int | None = None
+    on_before_process: Callable[..., Any] | None = None
+    on_after_process: Callable[..., Any] | None = None
+    on_error: Callable[..., Any] | None = None
+    on_processing_get_metadata: Callable[..., Any] | None = None
+    stalled_job_timeout: int = 3600
+    heartbeat_interval: int = 60
+    lost_message_timeout: int = 3600
+    producer: Any = None
+    logger: logging.Logger = field(default_factory=lambda: logging.getLogger("bgq"))
+    allow_pickle: bool = False
+    permanent_errors: tuple[type[BaseException], ...] = DEFAULT_PERMANENT_ERRORS
+    data_dir: str | None = None
+
+    def queue_name(self, sub_queue: str | None) -> str:
+        """The job's queue: the base queue, or '<queue>_<sub_queue>'."""
+        return self.queue if sub_queue is None else f"{self.queue}_{sub_queue}"
+
+
+def _non_negative_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f'Option "{name}" must be a non-negative integer, got {value!r}.')
+    return value
+
+
+def _hook(name: str, value: Any) -> Callable[..., Any] | None:
+    if value is not None and not callable(value):
+        raise ConfigError(f'Option "{name}" must be callable or None, got {value!r}.')
+    return value
+
+
+def validate_priorities(priorities: Any) -> tuple[int, ...]:
+    if isinstance(priorities, str | bytes) or not isinstance(priorities, Sequence) or not priorities:
+        raise ConfigError('Option "priorities" must be a non-empty list of integers.')
+    items = list(priorities)
+    listing = ",".join(str(p) for p in items)
+    if any(isinstance(p, bool) or not isinstance(p, int) for p in items):
+        raise ConfigError(f"There are non-integer values in priorities list: {listing}")
+    if len(set(items)) != len(items):
+        raise ConfigError(f"There are duplicates priority in priorities list: {listing}")
+    if any(p < 0 or p > 999 for p in items):
+        raise ConfigError(f"There are value out of range 0-999 in priorities list: {listing}")
+    return tuple(items)
+
+
+def _callbacks(raw: Any, priorities: tuple[int, ...]) -> dict[str, CallbackSpec]:
+    if not isinstance(raw, Mapping) or not raw:
+        raise ConfigError('Option "callbacks" must be a non-empty mapping of name -> callable.')
+    specs: dict[str, CallbackSpec] = {}
+    for name, value in raw.items():
+        if not isinstance(name, str) or not name or len(name) > 255:
+            raise ConfigError(f"Callback name {name!r} must be a non-empty string of at most 255 characters.")
+        if callable(value):
+            specs[name] = CallbackSpec(name, value)
+            continue
+        if not isinstance(value, Mapping) or not callable(value.get("callback")):
+            raise ConfigError(
+                f'Callback "{name}" must be a callable or a mapping with a callable "callback" '
+                '(and optional "queue" and "priority").'
+            )
+        unknown = set(value) - {"callback", "queue", "priority"}
+        if unknown:
+            raise ConfigError(f'Callback "{name}" has unknown keys: {", ".join(sorted(unknown))}.')
+        sub = value.get("queue")
+        if sub is not None and (not isinstance(sub, str) or not QUEUE_NAME_RE.match(sub)):
+            raise ConfigError(f'Callback "{name}" has an invalid queue {sub!r} (letters, digits, _ . -).')
+        if sub is not None and sub.isdigit():
+            raise ConfigError(
+                f'Callback "{name}" has the numeric queue {sub!r}, which would collide with the '
+                "per-priority queue names."
+            )
+        prio = value.get("priority")
+        if prio is not None and prio not in priorities:
+            raise ConfigError(
+                f'Callback "{name}" has priority {prio!r}, which is not in priorities '
+                f"{','.join(map(str, priorities))}."
+            )
+        specs[name] = CallbackSpec(name, value["callback"], sub, prio)
+    return specs
+
+
+def build_config(**options: Any) -> Config:
+    """Validate the keyword options of Queue(...) and return the Config."""
+    fields = set(Config.__dataclass_fields__)
+    unknown = set(options) - fields
+    if unknown:
+        raise ConfigError(f"Unknown option(s): {', '.join(sorted(unknown))}.")
+    if "callbacks" not in options:
+        raise ConfigError('Option "callbacks" is required.')
+    opts = dict(options)
+    opts["priorities"] = validate_priorities(opts.get("priorities", (1,)))
+    opts["callbacks"] = _callbacks(opts["callbacks"], opts["priorities"])
+    if opts.get("database_url") is None:
+        opts["database_url"] = os.environ.get("BGQ_DATABASE_URL") or None
+    table = opts.get("table_name", "background_job")
+    if not isinstance(table, str) or not TABLE_NAME_RE.match(table):
+        raise ConfigError(
+            f"Invalid table name {table!r}: use a letter or _ then letters, digits or _, at most 40 characters."
+        )
+    queue = opts.get("queue", "default")
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
+        raise ConfigError(f"Invalid queue name {queue!r}: letters, digits, _ . -, at most 200 characters.")
+    bulk = opts.get("bulk_size", 1)
+    if isinstance(bulk, bool) or not isinstance(bulk, int) or bulk < 1:
+        raise ConfigError(f'Option "bulk_size" must be a positive integer, got {bulk!r}.')
+    for name in ("waiting_job_expiration", "stalled_job_timeout", "heartbeat_interval", "lost_message_timeout"):
+        if name in opts:
+            opts[name] = _non_negative_int(name, opts[name])
+    if not opts.get("waiting_job_expiration"):
+        opts["waiting_job_expiration"] = 1000  # as in the original: 0 means the default
+    notify = opts.get("notify_on_number_of_attempts")
+    if notify is not None and notify is not False:
+        opts["notify_on_number_of_attempts"] = _non_negative_int("notify_on_number_of_attempts", notify) or None
+    else:
+        opts["notify_on_number_of_attempts"] = None
+    for name in ("on_before_process", "on_after_process", "on_error", "on_processing_get_metadata"):
+        opts[name] = _hook(name, opts.get(name))
+    logger = opts.get("logger")
+    if logger is None:
+        opts.pop("logger", None)
+    elif not isinstance(logger, logging.Logger | logging.LoggerAdapter):
+        raise ConfigError('Option "logger" must be a logging.Logger.')
+    errors = opts.get("permanent_errors", DEFAULT_PERMANENT_ERRORS)
+    if not isinstance(errors, tuple) or not all(isinstance(e, type) and issubclass(e, BaseException) for e in errors):
+        raise ConfigError('Option "permanent_errors" must be a tuple of exception classes.')
+    return Config(**opts)

@@ -1,0 +1,134 @@
+"""The database seam: one engine per queue, explicit transactions, dialect-specific call syntax."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from ..errors import BgqError, DatabaseError, DatabaseUnavailableError
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A stored procedure's signature: its file name, kind and typed parameters."""
+
+    name: str
+    params: tuple[tuple[str, str], ...]  # (parameter name, PostgreSQL type)
+    function: bool = False  # a scalar function (SELECT f(...)), not a row-returning call
+
+
+class Dialect(Protocol):
+    """What differs between MySQL/MariaDB and PostgreSQL, and nothing else."""
+
+    name: str
+
+    def call_sql(self, table: str, proc: Proc) -> str:
+        """The statement that calls `proc` with positional %s placeholders."""
+
+    def now_sql(self) -> str:
+        """The server's current UTC time with sub-second precision."""
+
+    def drop_sql(self, table: str, name: str, function: bool) -> str:
+        """Drop an installed procedure or function if it exists."""
+
+    def translate(self, exc: BaseException) -> BgqError | None:
+        """Map a driver exception to bgq's, by error code; None when it is not bgq's to name."""
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        """True for an error that a retry of the whole transaction may cure."""
+
+
+def dialect_for(url: sa.URL) -> Dialect:
+    backend = url.get_backend_name()
+    if backend in ("mysql", "mariadb"):
+        from .mysql import MySQLDialect
+
+        return MySQLDialect()
+    if backend in ("postgresql", "postgres"):
+        from .postgres import PostgresDialect
+
+        return PostgresDialect()
+    raise DatabaseError(f"Unsupported database {backend!r}: use mysql+pymysql:// or postgresql+psycopg://.")
+
+
+def normalise_url(raw: str) -> sa.URL:
+    """Parse a database URL and pick bgq's drivers when none is named."""
+    try:
+        url = sa.make_url(raw)
+    except Exception as exc:  # sqlalchemy raises ArgumentError with the URL in it
+        raise DatabaseError(f"Invalid database URL: {exc}") from None
+    driver = url.get_driver_name()
+    backend = url.get_backend_name()
+    if backend in ("mysql", "mariadb") and driver != "pymysql":
+        url = url.set(drivername=f"{backend}+pymysql")
+    elif backend in ("postgresql", "postgres") and driver != "psycopg":
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+class Database:
+    """bgq's own connection pool to the application's database, and the calls it makes."""
+
+    def __init__(self, url: str) -> None:
+        self.url = normalise_url(url)
+        self.dialect = dialect_for(self.url)
+        # READ COMMITTED on both dialects: after a procedure takes a group lock, its reads see the
+        # latest committed rows (MySQL's REPEATABLE READ would keep an older snapshot). The
+        # setting lives on bgq's own engine, never on the application's.
+        self.engine = sa.create_engine(
+            self.url,
+            isolation_level="READ COMMITTED",
+            pool_pre_ping=True,
+            pool_size=2,
+            max_overflow=8,
+        )
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One transaction: BEGIN ... COMMIT, or ROLLBACK on error; driver errors translated."""
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except sa.exc.DBAPIError as exc:
+            raise self.translate(exc) from exc
+
+    def translate(self, exc: sa.exc.DBAPIError) -> BgqError:
+        """The bgq exception for a driver error; `retryable` says whether a retry may cure it."""
+        orig = exc.orig if exc.orig is not None else exc
+        error = self.dialect.translate(orig)
+        if error is None:
+            if exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError) and _is_connect_error(orig):
+                error = DatabaseUnavailableError(f"Cannot reach the database at {self.safe_url}: {orig}")
+            else:
+                error = DatabaseError(f"{type(orig).__name__}: {orig}")
+        error.retryable = self.dialect.is_deadlock(orig)  # type: ignore[attr-defined]
+        return error
+
+    @property
+    def safe_url(self) -> str:
+        return self.url.render_as_string(hide_password=True)
+
+    def call(self, conn: Connection, table: str, proc: Proc, args: Sequence[Any]) -> list[dict[str, Any]]:
+        """Call a procedure on `conn` (inside the caller's transaction) and return its rows."""
+        if len(args) != len(proc.params):
+            raise TypeError(f"{proc.name} takes {len(proc.params)} arguments, got {len(args)}")
+        result = conn.exec_driver_sql(self.dialect.call_sql(table, proc), tuple(args))
+        if not result.returns_rows:
+            return []
+        return [dict(row) for row in result.mappings().all()]
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _is_connect_error(orig: BaseException) -> bool:
+    text = str(orig).lower()
+    return any(
+        word in text
+        for word in ("can't connect", "connection refused", "could not connect", "connection failed", "timeout")
+    )

@@ -1,0 +1,84 @@
+"""Every exception bgq raises, and the ones a callback raises to steer its job's outcome."""
+
+from __future__ import annotations
+
+
+class BgqError(Exception):
+    """bgq failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+# --- configuration and publish-time validation (nothing is written when these are raised) ---
+
+
+class ConfigError(BgqError, ValueError):
+    """The queue configuration is invalid."""
+
+
+class PublishError(BgqError, ValueError):
+    """The job cannot be published as asked."""
+
+
+class UnknownCallbackError(PublishError):
+    """The callback name is not in the `callbacks` config."""
+
+
+class SerializationError(PublishError, TypeError):
+    """The parameters cannot be stored as JSON (pass allow_pickle=True to store them pickled)."""
+
+
+class PriorityError(PublishError):
+    """The priority is not one of the configured priorities."""
+
+
+# --- database ---
+
+
+class DatabaseError(BgqError):
+    """The database refused or failed a bgq call."""
+
+
+class DatabaseUnavailableError(DatabaseError):
+    """The database cannot be reached."""
+
+
+class SchemaVersionError(DatabaseError):
+    """The installed bgq procedures are missing or of another version: run `bgq install-procs`."""
+
+
+class JobNotFoundError(DatabaseError):
+    """No such job."""
+
+
+class JobStateError(DatabaseError):
+    """The job is not in a state that allows this."""
+
+
+# --- raised by callbacks to choose their job's outcome (names as in the original library) ---
+
+
+class BackgroundQueueException(Exception):
+    """Base of the exceptions a callback raises to choose its job's outcome."""
+
+
+class PermanentErrorException(BackgroundQueueException):
+    """The job failed for good: PERMANENTLY_FAILED, no retry, logged critical."""
+
+
+class TemporaryErrorException(BackgroundQueueException):
+    """The job failed for now: TEMPORARILY_FAILED, retried after its backoff."""
+
+
+class SkipException(BackgroundQueueException):
+    """Nothing to do: FINISHED with this message, no retry."""
+
+
+class WaitingException(BackgroundQueueException):
+    """Not yet: FINISHED, and a fresh copy of the job runs after waiting_job_expiration."""
+
+
+class DieException(BackgroundQueueException):
+    """Stop the worker after this job. Without a cause the job is PERMANENTLY_FAILED; with a
+    cause (`raise DieException() from err`) the job is classified by the cause."""

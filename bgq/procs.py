@@ -1,0 +1,244 @@
+"""The only module that names bgq's SQL: typed calls of the stored procedures, the insert and reads."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from .db import Database, Proc
+
+# Signatures of db/<dialect>/<name>.sql; the PostgreSQL types double as documentation.
+CLAIM = Proc(
+    "claim",
+    (
+        ("p_id", "bigint"),
+        ("p_queue", "varchar"),
+        ("p_pid", "integer"),
+        ("p_waiting_ms", "integer"),
+        ("p_metadata", "text"),
+        ("p_now", "timestamptz"),
+    ),
+)
+FINISH = Proc(
+    "finish",
+    (
+        ("p_id", "bigint"),
+        ("p_attempt", "integer"),
+        ("p_state", "smallint"),
+        ("p_error", "text"),
+        ("p_postponed_by", "integer"),
+        ("p_execution_time", "integer"),
+        ("p_memory", "text"),
+        ("p_now", "timestamptz"),
+    ),
+)
+PREDECESSOR = Proc("predecessor", (("p_id", "bigint"),), function=True)
+GROUP_HEADS = Proc("group_heads", ())
+PROMOTE_WAITING = Proc("promote_waiting", (("p_now", "timestamptz"),))
+DUE_JOBS = Proc(
+    "due_jobs",
+    (("p_queue", "varchar"), ("p_broker_mode", "smallint"), ("p_limit", "integer"), ("p_now", "timestamptz")),
+)
+REQUEUE = Proc("requeue", (("p_id", "bigint"), ("p_reason", "text"), ("p_now", "timestamptz")))
+REAP = Proc(
+    "reap",
+    (("p_queue", "varchar"), ("p_timeout_s", "integer"), ("p_limit", "integer"), ("p_now", "timestamptz")),
+)
+#: Every installed routine, in install order (schema.sql comes first).
+ALL_PROCS: tuple[Proc, ...] = (PREDECESSOR, CLAIM, FINISH, GROUP_HEADS, PROMOTE_WAITING, DUE_JOBS, REQUEUE, REAP)
+#: group_wake is called by the others only, never by Python; it is installed all the same.
+INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()),)
+
+_INSERT_COLUMNS = (
+    "queue",
+    "priority",
+    "callback_name",
+    "parameters",
+    "parameters_json",
+    "state",
+    "number_of_attempts",
+    "serial_group",
+    "coalesce_threshold",
+    "identifier",
+    "mode",
+    "postponed_by",
+    "processed_by_broker",
+)
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    outcome: str  # claimed | waiting | redundant | locked | missing | skipped | unexpected
+    attempt: int | None
+    state: int | None
+    predecessor_id: int | None
+    promoted_id: int | None
+    callback_name: str | None
+    parameters_json: Any
+    parameters: bytes | None
+    queue: str | None
+    priority: int | None
+    serial_group: str | None
+    identifier: str | None
+    mode: str | None
+    coalesce_threshold: int | None
+
+
+@dataclass(frozen=True)
+class FinishResult:
+    finished: bool
+    promoted_id: int | None
+    promoted_queue: str | None
+    promoted_priority: int | None
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A job to act on: its id, state, queue and priority (due jobs, promotions, requeues)."""
+
+    id: int
+    state: int | None
+    queue: str
+    priority: int
+
+
+@dataclass(frozen=True)
+class GroupHead:
+    serial_group: str
+    id: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class Reaped:
+    id: int
+    queue: str
+    priority: int
+    pid: int | None
+    stalled_since: dt.datetime
+
+
+@dataclass(frozen=True)
+class NewJob:
+    queue: str
+    priority: int
+    callback_name: str
+    parameters_json: str | None
+    parameters: bytes | None
+    serial_group: str | None
+    coalesce_threshold: int | None
+    identifier: str | None
+    mode: str
+    postponed_by: int | None
+    processed_by_broker: bool
+
+
+class Procs:
+    """bgq's calls on one table. Each method runs in the transaction of the connection it is given."""
+
+    def __init__(self, db: Database, table: str) -> None:
+        self.db = db
+        self.table = table
+
+    def _call(self, conn: Connection, proc: Proc, *args: Any) -> list[dict[str, Any]]:
+        return self.db.call(conn, self.table, proc, args)
+
+    # --- state changes (stored procedures) ---
+
+    def claim(
+        self, conn: Connection, job_id: int, queue: str, pid: int, waiting_ms: int,
+        metadata_json: str | None, now: dt.datetime | None = None,
+    ) -> ClaimResult:  # fmt: skip
+        (row,) = self._call(conn, CLAIM, job_id, queue, pid, waiting_ms, metadata_json, now)
+        return ClaimResult(**row)
+
+    def finish(
+        self, conn: Connection, job_id: int, attempt: int, state: int, error: str | None,
+        postponed_by: int | None, execution_time: int | None, memory_json: str | None,
+        now: dt.datetime | None = None,
+    ) -> FinishResult:  # fmt: skip
+        (row,) = self._call(conn, FINISH, job_id, attempt, state, error, postponed_by, execution_time, memory_json, now)
+        return FinishResult(
+            finished=bool(row["finished"]),
+            promoted_id=row["promoted_id"],
+            promoted_queue=row["promoted_queue"],
+            promoted_priority=row["promoted_priority"],
+        )
+
+    def promote_waiting(self, conn: Connection, now: dt.datetime | None = None) -> list[JobRef]:
+        rows = self._call(conn, PROMOTE_WAITING, now)
+        return [JobRef(r["id"], None, r["queue"], r["priority"]) for r in rows]
+
+    def requeue(self, conn: Connection, job_id: int, reason: str, now: dt.datetime | None = None) -> JobRef:
+        (row,) = self._call(conn, REQUEUE, job_id, reason, now)
+        return JobRef(row["id"], row["previous_state"], row["queue"], row["priority"])
+
+    def reap(
+        self, conn: Connection, queue: str, timeout_s: int, limit: int, now: dt.datetime | None = None
+    ) -> list[Reaped]:
+        return [Reaped(**r) for r in self._call(conn, REAP, queue, timeout_s, limit, now)]
+
+    # --- reads (stored procedures too, so a DBA sees the same answers) ---
+
+    def predecessor(self, conn: Connection, job_id: int) -> int | None:
+        (row,) = self._call(conn, PREDECESSOR, job_id)
+        return row["result"] if "result" in row else next(iter(row.values()))
+
+    def group_heads(self, conn: Connection) -> list[GroupHead]:
+        return [GroupHead(**r) for r in self._call(conn, GROUP_HEADS)]
+
+    def due_jobs(
+        self, conn: Connection, queue: str, broker_mode: bool, limit: int, now: dt.datetime | None = None
+    ) -> list[JobRef]:
+        rows = self._call(conn, DUE_JOBS, queue, int(broker_mode), limit, now)
+        return [JobRef(r["id"], r["state"], r["queue"], r["priority"]) for r in rows]
+
+    # --- plain statements ---
+
+    def insert(self, conn: Connection, job: NewJob) -> int:
+        """Insert one READY job (created_at = updated_at = the server's clock) and return its id."""
+        cols = ", ".join(_INSERT_COLUMNS)
+        marks = ", ".join(["%s"] * len(_INSERT_COLUMNS))
+        now = self.db.dialect.now_sql()
+        sql = f"INSERT INTO {self.table} ({cols}, created_at, updated_at) VALUES ({marks}, {now}, {now})"
+        values = (
+            job.queue, job.priority, job.callback_name, job.parameters, job.parameters_json, 1, 0,
+            job.serial_group, job.coalesce_threshold, job.identifier, job.mode, job.postponed_by,
+            int(job.processed_by_broker),
+        )  # fmt: skip
+        if self.db.dialect.name == "postgres":
+            return conn.exec_driver_sql(sql + " RETURNING id", values).scalar_one()
+        return conn.exec_driver_sql(sql, values).lastrowid
+
+    def get_job(self, conn: Connection, job_id: int) -> dict[str, Any] | None:
+        """The job's row as a dict (for people and tests), or None."""
+        row = conn.exec_driver_sql(f"SELECT * FROM {self.table} WHERE id = %s", (job_id,)).mappings().first()
+        return dict(row) if row is not None else None
+
+    def installed(self, conn: Connection) -> dict[str, str]:
+        """The {table}_meta rows (version, checksum), or {} when bgq is not installed."""
+        rows = conn.exec_driver_sql(f"SELECT name, value FROM {self.table}_meta").all()
+        return {name: value for name, value in rows}
+
+    def record_install(self, conn: Connection, values: dict[str, str]) -> None:
+        conn.exec_driver_sql(f"DELETE FROM {self.table}_meta")
+        for name, value in sorted(values.items()):
+            conn.exec_driver_sql(f"INSERT INTO {self.table}_meta (name, value) VALUES (%s, %s)", (name, value))
+
+    def run(self, conn: Connection, statements: Sequence[str]) -> None:
+        """Run DDL statements verbatim (install-procs only): no parameter markers, so '%' stays '%'."""
+        cursor = conn.connection.cursor()
+        try:
+            for statement in statements:
+                cursor.execute(statement)
+        finally:
+            cursor.close()
+
+    def delete_all(self, conn: Connection) -> None:
+        """Empty the jobs and group tables (the demo's own table, and tests)."""
+        conn.exec_driver_sql(f"DELETE FROM {self.table}")
+        conn.exec_driver_sql(f"DELETE FROM {self.table}_group")

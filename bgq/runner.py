@@ -1,0 +1,119 @@
+"""Runs one claimed job's callback with its hooks and maps what happened to the job's outcome."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .config import Config
+from .errors import (
+    BackgroundQueueException,
+    DieException,
+    PermanentErrorException,
+    SkipException,
+    WaitingException,
+)
+from .states import JobState
+
+
+def backoff_ms(attempts: int) -> int:
+    """Delay before retry number `attempts`: min(16, 2^(attempts-1)) minutes (attempts 0: 30 s)."""
+    return int(min(16.0, 2.0 ** (attempts - 1)) * 60_000)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a job's run amounts to, ready for the finish procedure."""
+
+    state: JobState
+    error: str | None = None
+    postponed_by: int | None = None
+    execution_time: int | None = None
+    memory: dict[str, Any] | None = None
+    exception: BaseException | None = None
+    die: bool = False  # the worker stops before its next job
+    clone: bool = False  # WaitingException: a fresh copy runs after waiting_job_expiration
+
+
+def invoke(func: Callable[..., Any], parameters: Any) -> Any:
+    """Call the callback: a list or tuple as positional arguments, a dict as keyword arguments."""
+    if isinstance(parameters, dict):
+        return func(**parameters)
+    return func(*parameters)
+
+
+def describe(exc: BaseException) -> str:
+    """The error_message stored for an exception: its message, with the type for non-bgq errors."""
+    text = str(exc)
+    if isinstance(exc, BackgroundQueueException):
+        return text or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def classify(exc: BaseException, attempt: int, config: Config) -> Outcome:
+    """SPEC B §6: the first matching rule wins. `exc` is already the one after on_error."""
+    die = False
+    if isinstance(exc, DieException):
+        die = True
+        if exc.__cause__ is not None:
+            exc = exc.__cause__
+        else:
+            return Outcome(JobState.PERMANENTLY_FAILED, describe(exc), exception=exc, die=True)
+    if isinstance(exc, SkipException):
+        return Outcome(JobState.FINISHED, describe(exc), exception=exc, die=die)
+    if isinstance(exc, PermanentErrorException | DieException) or isinstance(exc, config.permanent_errors):
+        return Outcome(JobState.PERMANENTLY_FAILED, describe(exc), exception=exc, die=die)
+    if isinstance(exc, WaitingException):
+        return Outcome(JobState.FINISHED, describe(exc), exception=exc, die=die, clone=True)
+    return Outcome(
+        JobState.TEMPORARILY_FAILED, describe(exc), postponed_by=backoff_ms(attempt), exception=exc, die=die
+    )
+
+
+def run(func: Callable[..., Any], parameters: Any, attempt: int, config: Config) -> Outcome:
+    """Run on_before_process, the callback and on_after_process; map any exception (via on_error)."""
+    try:
+        if config.on_before_process is not None:
+            config.on_before_process(parameters)
+        before = memory_usage(reset_peak=True)
+        started = time.perf_counter()
+        invoke(func, parameters)
+        elapsed = int((time.perf_counter() - started) * 1000)
+        after = memory_usage()
+        if config.on_after_process is not None:
+            config.on_after_process(parameters)
+        return Outcome(JobState.FINISHED, execution_time=elapsed, memory={"before": before, "after": after})
+    except Exception as exc:
+        error: BaseException = exc
+        if config.on_error is not None:
+            try:
+                config.on_error(exc, parameters)
+            except Exception as replaced:  # as in the original: on_error's exception replaces the job's
+                error = replaced
+        return classify(error, attempt, config)
+
+
+def memory_usage(*, reset_peak: bool = False) -> dict[str, int | None]:
+    """Resident set size and its peak, in bytes (Linux /proc; None elsewhere).
+
+    With reset_peak the kernel's peak (VmHWM) is reset first, so `after.peak_rss` is the job's peak.
+    """
+    if reset_peak:
+        try:
+            with open("/proc/self/clear_refs", "w") as handle:
+                handle.write("5")
+        except OSError:
+            pass
+    values: dict[str, int | None] = {"rss": None, "peak_rss": None}
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    values["rss"] = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    values["peak_rss"] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return values

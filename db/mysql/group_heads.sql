@@ -1,0 +1,19 @@
+-- bgq {{ table }}_group_heads, version 1 (MySQL 8 / MariaDB 10.11)
+--
+-- Contract
+--   CALL {{ table }}_group_heads()
+-- Result: rows (serial_group, id, priority), one per serial group that has WAITING jobs: its
+--   WAITING job with the lowest priority number, then the lowest id (a gap in the priorities is
+--   fine), ordered by id.
+-- How: read from {{ table }}_group, whose waiting head {{ table }}_group_wake re-derives in the
+--   same transaction as every state change of a grouped job. So the cost grows with the number
+--   of groups, never with the number of waiting jobs (no scan of {{ table }}).
+-- Locks: none (read-only). Errors: none. Idempotent: yes.
+CREATE PROCEDURE {{ table }}_group_heads()
+READS SQL DATA
+BEGIN
+    SELECT serial_group, waiting_head_id AS id, waiting_head_priority AS priority
+    FROM {{ table }}_group
+    WHERE waiting_head_id IS NOT NULL
+    ORDER BY waiting_head_id;
+END

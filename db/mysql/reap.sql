@@ -1,0 +1,76 @@
+-- bgq {{ table }}_reap, version 1 (MySQL 8 / MariaDB 10.11)
+--
+-- Contract
+--   CALL {{ table }}_reap(p_queue, p_timeout_s, p_limit, p_now)
+--   p_queue      the base queue (its sub-queues are included).
+--   p_timeout_s  a PROCESSING job whose updated_at is older than this many seconds is stalled.
+--   p_limit      at most this many jobs per call.
+--   p_now        the clock (DATETIME(6), UTC); NULL means UTC_TIMESTAMP(6).
+-- Result: rows (id, queue, priority, pid, stalled_since) of the jobs reaped, in id order.
+-- Each stalled job becomes TEMPORARILY_FAILED with error_message 'Job was stalled in the
+--   processing state since <updated_at> (PID <pid>); the consumer died without writing a
+--   result.' and postponed_by = backoff(number_of_attempts) = min(16, 2^(n-1)) minutes in ms;
+--   number_of_attempts is not changed and no callback runs. Liveness is judged by updated_at
+--   (claim and heartbeats), never by pid.
+-- Locks: each reaped job row. The group is not locked: a reaped job stays first in its group
+--   (TEMPORARILY_FAILED is claimable), so no WAITING job changes.
+-- Fencing: each UPDATE is conditional on state = 2 AND updated_at = the value read, so a
+--   heartbeat, a finish or another reaper that got there first wins.
+-- Errors: none. Idempotent: yes.
+-- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
+CREATE PROCEDURE {{ table }}_reap(
+    IN p_queue VARCHAR(255),
+    IN p_timeout_s INT,
+    IN p_limit INT,
+    IN p_now DATETIME(6)
+)
+MODIFIES SQL DATA
+BEGIN
+    DECLARE v_now DATETIME(6) DEFAULT COALESCE(p_now, UTC_TIMESTAMP(6));
+    DECLARE v_done INT DEFAULT 0;
+    DECLARE v_id BIGINT UNSIGNED;
+    DECLARE v_updated DATETIME(6);
+    DECLARE v_ids JSON DEFAULT JSON_ARRAY();
+    DECLARE c_stalled CURSOR FOR
+    SELECT id, updated_at
+    FROM {{ table }}
+    WHERE state = 2
+      AND updated_at < v_now - INTERVAL p_timeout_s SECOND
+      AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+    ORDER BY id
+    LIMIT p_limit;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
+
+    OPEN c_stalled;
+    stalled_loop: LOOP
+        FETCH c_stalled INTO v_id, v_updated;
+        IF v_done = 1 THEN
+            LEAVE stalled_loop;
+        END IF;
+        -- error_message is assigned before updated_at: MySQL assigns left to right.
+        UPDATE {{ table }}
+        SET state = 4,
+            error_message = CONCAT(
+                'Job was stalled in the processing state since ',
+                DATE_FORMAT(updated_at, '%Y-%m-%d %H:%i:%s.%f'),
+                ' (PID ', COALESCE(pid, 0), '); the consumer died without writing a result.'
+            ),
+            postponed_by = CAST(LEAST(16, POW(2, number_of_attempts - 1)) * 60000 AS SIGNED),
+            updated_at = v_now
+        WHERE id = v_id AND state = 2 AND updated_at = v_updated;
+        IF ROW_COUNT() > 0 THEN
+            SET v_ids = JSON_ARRAY_APPEND(v_ids, '$', JSON_OBJECT('id', v_id, 'since', v_updated));
+        END IF;
+    END LOOP;
+    CLOSE c_stalled;
+
+    SELECT j.id, j.queue, j.priority, j.pid, r.stalled_since
+    FROM JSON_TABLE(
+        v_ids, '$[*]' COLUMNS (
+            reaped_id BIGINT UNSIGNED PATH '$.id',
+            stalled_since DATETIME(6) PATH '$.since'
+        )
+    ) AS r
+    INNER JOIN {{ table }} AS j ON j.id = r.reaped_id
+    ORDER BY j.id;
+END
