@@ -35,16 +35,22 @@ state = State()
 def options(
     app_path: Annotated[
         str | None,
-        typer.Option("--app", envvar="BGQ_APP", help="Your queue: 'package.module:queue' (a bgq.Queue or a factory)."),
+        typer.Option(
+            "--app", envvar="BGQ_APP", help="Your queue: 'package.module:queue' (a bgq.Queue or a factory)."
+        ),
     ] = None,
     database_url: Annotated[
         str | None,
-        typer.Option("--database-url", envvar="BGQ_DATABASE_URL", help="SQLAlchemy URL; overrides the app's."),
+        typer.Option(
+            "--database-url", envvar="BGQ_DATABASE_URL", help="SQLAlchemy URL; overrides the app's."
+        ),
     ] = None,
     table: Annotated[str | None, typer.Option("--table", help="Jobs table when no --app is given.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
 ) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s"
+    )
     state.app_path, state.database_url, state.table = app_path, database_url, table
 
 
@@ -120,7 +126,9 @@ def process() -> None:
 @app.command()
 def requeue(
     job_ids: Annotated[list[int], typer.Argument(help="Job ids to run again.")],
-    reason: Annotated[str, typer.Option("--reason", "-r", help="Why; stored in error_message.")] = "manual requeue",
+    reason: Annotated[
+        str, typer.Option("--reason", "-r", help="Why; stored in error_message.")
+    ] = "manual requeue",
 ) -> None:
     """Put finished, failed or redundant jobs back to READY (not PROCESSING ones)."""
     queue = load_queue()

@@ -141,7 +141,7 @@ def build_config(**options: Any) -> Config:
     table = opts.get("table_name", "background_job")
     if not isinstance(table, str) or not TABLE_NAME_RE.match(table):
         raise ConfigError(
-            f"Invalid table name {table!r}: use a letter or _ then letters, digits or _, at most 40 characters."
+            f"Invalid table name {table!r}: a letter or _, then letters, digits or _ (at most 40)."
         )
     queue = opts.get("queue", "default")
     if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
@@ -149,14 +149,21 @@ def build_config(**options: Any) -> Config:
     bulk = opts.get("bulk_size", 1)
     if isinstance(bulk, bool) or not isinstance(bulk, int) or bulk < 1:
         raise ConfigError(f'Option "bulk_size" must be a positive integer, got {bulk!r}.')
-    for name in ("waiting_job_expiration", "stalled_job_timeout", "heartbeat_interval", "lost_message_timeout"):
+    for name in (
+        "waiting_job_expiration",
+        "stalled_job_timeout",
+        "heartbeat_interval",
+        "lost_message_timeout",
+    ):
         if name in opts:
             opts[name] = _non_negative_int(name, opts[name])
     if not opts.get("waiting_job_expiration"):
         opts["waiting_job_expiration"] = 1000  # as in the original: 0 means the default
     notify = opts.get("notify_on_number_of_attempts")
     if notify is not None and notify is not False:
-        opts["notify_on_number_of_attempts"] = _non_negative_int("notify_on_number_of_attempts", notify) or None
+        opts["notify_on_number_of_attempts"] = (
+            _non_negative_int("notify_on_number_of_attempts", notify) or None
+        )
     else:
         opts["notify_on_number_of_attempts"] = None
     for name in ("on_before_process", "on_after_process", "on_error", "on_processing_get_metadata"):
@@ -167,6 +174,8 @@ def build_config(**options: Any) -> Config:
     elif not isinstance(logger, logging.Logger | logging.LoggerAdapter):
         raise ConfigError('Option "logger" must be a logging.Logger.')
     errors = opts.get("permanent_errors", DEFAULT_PERMANENT_ERRORS)
-    if not isinstance(errors, tuple) or not all(isinstance(e, type) and issubclass(e, BaseException) for e in errors):
+    if not isinstance(errors, tuple) or not all(
+        isinstance(e, type) and issubclass(e, BaseException) for e in errors
+    ):
         raise ConfigError('Option "permanent_errors" must be a tuple of exception classes.')
     return Config(**opts)

@@ -71,7 +71,9 @@ def install(db: Database, table: str) -> bool:
     functions = {p.name for p in (*ALL_PROCS, *INTERNAL_PROCS) if p.function}
     with db.transaction() as conn:
         for name, text in files.routines.items():
-            procs.run(conn, [db.dialect.drop_sql(table, name, name in functions), render(text, table).strip()])
+            procs.run(
+                conn, [db.dialect.drop_sql(table, name, name in functions), render(text, table).strip()]
+            )
         procs.record_install(conn, {"version": SCHEMA_VERSION, "checksum": files.checksum})
     return True
 
@@ -93,3 +95,11 @@ def check_installed(db: Database, table: str) -> None:
             f"this package expects version {SCHEMA_VERSION} ({files.checksum}): {hint}."
         )
 
+
+def uninstall(db: Database, table: str) -> None:
+    """Drop bgq's procedures and tables for `table` (tests, and people leaving bgq)."""
+    procs = Procs(db, table)
+    with db.transaction() as conn:
+        for proc in (*ALL_PROCS, *INTERNAL_PROCS):
+            procs.run(conn, [db.dialect.drop_sql(table, proc.name, proc.function)])
+        procs.run(conn, [f"DROP TABLE IF EXISTS {table}{suffix}" for suffix in ("_meta", "_group", "")])

@@ -49,7 +49,16 @@ REAP = Proc(
     (("p_queue", "varchar"), ("p_timeout_s", "integer"), ("p_limit", "integer"), ("p_now", "timestamptz")),
 )
 #: Every installed routine, in install order (schema.sql comes first).
-ALL_PROCS: tuple[Proc, ...] = (PREDECESSOR, CLAIM, FINISH, GROUP_HEADS, PROMOTE_WAITING, DUE_JOBS, REQUEUE, REAP)
+ALL_PROCS: tuple[Proc, ...] = (
+    PREDECESSOR,
+    CLAIM,
+    FINISH,
+    GROUP_HEADS,
+    PROMOTE_WAITING,
+    DUE_JOBS,
+    REQUEUE,
+    REAP,
+)
 #: group_wake is called by the others only, never by Python; it is installed all the same.
 INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()),)
 
@@ -161,7 +170,9 @@ class Procs:
         postponed_by: int | None, execution_time: int | None, memory_json: str | None,
         now: dt.datetime | None = None,
     ) -> FinishResult:  # fmt: skip
-        (row,) = self._call(conn, FINISH, job_id, attempt, state, error, postponed_by, execution_time, memory_json, now)
+        (row,) = self._call(
+            conn, FINISH, job_id, attempt, state, error, postponed_by, execution_time, memory_json, now
+        )
         return FinishResult(
             finished=bool(row["finished"]),
             promoted_id=row["promoted_id"],
@@ -227,7 +238,9 @@ class Procs:
     def record_install(self, conn: Connection, values: dict[str, str]) -> None:
         conn.exec_driver_sql(f"DELETE FROM {self.table}_meta")
         for name, value in sorted(values.items()):
-            conn.exec_driver_sql(f"INSERT INTO {self.table}_meta (name, value) VALUES (%s, %s)", (name, value))
+            conn.exec_driver_sql(
+                f"INSERT INTO {self.table}_meta (name, value) VALUES (%s, %s)", (name, value)
+            )
 
     def run(self, conn: Connection, statements: Sequence[str]) -> None:
         """Run DDL statements verbatim (install-procs only): no parameter markers, so '%' stays '%'."""

@@ -126,7 +126,14 @@ class Queue:
     ) -> int:
         """Store a job and return its id. Every check runs before anything is written."""
         job = self._new_job(
-            callback_name, parameters, serial_group, identifier, mode, postpone_by, priority, coalesce_threshold
+            callback_name,
+            parameters,
+            serial_group,
+            identifier,
+            mode,
+            postpone_by,
+            priority,
+            coalesce_threshold,
         )
         with self.database.transaction() as conn:
             return self.procs.insert(conn, job)
@@ -165,7 +172,9 @@ class Queue:
             )
         for name, value in (("serial_group", serial_group), ("identifier", identifier)):
             if value is not None and (not isinstance(value, str) or not value or len(value) > _MAX_TEXT):
-                raise PublishError(f'Parameter "{name}" must be a non-empty string of at most {_MAX_TEXT} characters.')
+                raise PublishError(
+                    f'Parameter "{name}" must be a non-empty string of at most {_MAX_TEXT} characters.'
+                )
         if coalesce_threshold is not None and (
             isinstance(coalesce_threshold, bool) or not isinstance(coalesce_threshold, int)
         ):
@@ -248,7 +257,12 @@ class Queue:
             try:
                 with db.transaction() as conn:
                     return self.procs.claim(
-                        conn, job_id, self.config.queue, os.getpid(), self.config.waiting_job_expiration, metadata_json
+                        conn,
+                        job_id,
+                        self.config.queue,
+                        os.getpid(),
+                        self.config.waiting_job_expiration,
+                        metadata_json,
                     )
             except DatabaseError as exc:
                 if attempt == CLAIM_TRIES or not getattr(exc, "retryable", False):
@@ -264,7 +278,9 @@ class Queue:
             self.log.critical(f"bgq: {message} (ID: {job_id})")
             return runner.Outcome(JobState.PERMANENTLY_FAILED, message)
         try:
-            parameters = params_codec.decode(claim.parameters_json, claim.parameters, allow_pickle=cfg.allow_pickle)
+            parameters = params_codec.decode(
+                claim.parameters_json, claim.parameters, allow_pickle=cfg.allow_pickle
+            )
         except (SerializationError, ValueError) as exc:
             return runner.Outcome(JobState.PERMANENTLY_FAILED, runner.describe(exc), exception=exc)
         return runner.run(spec.func, parameters, claim.attempt or 0, cfg)
@@ -289,13 +305,16 @@ class Queue:
         if result is None:
             return
         if not result.finished:
-            self.log.warning(f"bgq: The job was taken over while it ran; its result is dropped. (ID: {job_id})")
+            self.log.warning(
+                f"bgq: The job was taken over while it ran; its result is dropped. (ID: {job_id})"
+            )
             return
         attempts = claim.attempt or 0
         if outcome.state is JobState.TEMPORARILY_FAILED:
             if cfg.notify_on_number_of_attempts and attempts == cfg.notify_on_number_of_attempts:
                 self.log.critical(
-                    f'bgq: Number of attempts reached "{attempts}". (ID: {job_id})', exc_info=outcome.exception
+                    f'bgq: Number of attempts reached "{attempts}". (ID: {job_id})',
+                    exc_info=outcome.exception,
                 )
         elif outcome.state is JobState.PERMANENTLY_FAILED:
             self.log.critical(f"bgq: Permanent error occurred. (ID: {job_id})", exc_info=outcome.exception)
@@ -326,5 +345,7 @@ def _milliseconds(value: int | dt.timedelta | None) -> int | None:
     if isinstance(value, dt.timedelta):
         value = int(value.total_seconds() * 1000)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > _MAX_INT32:
-        raise PublishError(f'Parameter "postpone_by" must be 0..{_MAX_INT32} ms or a timedelta, got {value!r}.')
+        raise PublishError(
+            f'Parameter "postpone_by" must be 0..{_MAX_INT32} ms or a timedelta, got {value!r}.'
+        )
     return value

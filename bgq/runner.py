@@ -63,7 +63,7 @@ def classify(exc: BaseException, attempt: int, config: Config) -> Outcome:
             return Outcome(JobState.PERMANENTLY_FAILED, describe(exc), exception=exc, die=True)
     if isinstance(exc, SkipException):
         return Outcome(JobState.FINISHED, describe(exc), exception=exc, die=die)
-    if isinstance(exc, PermanentErrorException | DieException) or isinstance(exc, config.permanent_errors):
+    if isinstance(exc, (PermanentErrorException, DieException, *config.permanent_errors)):
         return Outcome(JobState.PERMANENTLY_FAILED, describe(exc), exception=exc, die=die)
     if isinstance(exc, WaitingException):
         return Outcome(JobState.FINISHED, describe(exc), exception=exc, die=die, clone=True)

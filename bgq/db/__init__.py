@@ -102,7 +102,11 @@ class Database:
         orig = exc.orig if exc.orig is not None else exc
         error = self.dialect.translate(orig)
         if error is None:
-            if exc.connection_invalidated or isinstance(exc, sa.exc.OperationalError) and _is_connect_error(orig):
+            if (
+                exc.connection_invalidated
+                or isinstance(exc, sa.exc.OperationalError)
+                and _is_connect_error(orig)
+            ):
                 error = DatabaseUnavailableError(f"Cannot reach the database at {self.safe_url}: {orig}")
             else:
                 error = DatabaseError(f"{type(orig).__name__}: {orig}")
@@ -130,5 +134,11 @@ def _is_connect_error(orig: BaseException) -> bool:
     text = str(orig).lower()
     return any(
         word in text
-        for word in ("can't connect", "connection refused", "could not connect", "connection failed", "timeout")
+        for word in (
+            "can't connect",
+            "connection refused",
+            "could not connect",
+            "connection failed",
+            "timeout",
+        )
     )

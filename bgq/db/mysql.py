@@ -24,7 +24,6 @@ class MySQLDialect:
     def now_sql(self) -> str:
         return "UTC_TIMESTAMP(6)"
 
-
     def drop_sql(self, table: str, name: str, function: bool) -> str:
         return f"DROP {'FUNCTION' if function else 'PROCEDURE'} IF EXISTS {table}_{name}"
 
@@ -34,7 +33,9 @@ class MySQLDialect:
             message = exc.args[1] if len(exc.args) > 1 else str(exc)
             return _BGQ_ERRORS[code](str(message))
         if code in _NOT_INSTALLED:
-            return SchemaVersionError(f"bgq is not installed for this table ({exc.args[-1]}): run `bgq install-procs`.")
+            return SchemaVersionError(
+                f"bgq is not installed for this table ({exc.args[-1]}): run `bgq install-procs`."
+            )
         if code in _UNREACHABLE:
             from ..errors import DatabaseUnavailableError
 
@@ -44,4 +45,3 @@ class MySQLDialect:
     def is_deadlock(self, exc: BaseException) -> bool:
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
         return code in (_DEADLOCK, _LOCK_WAIT_TIMEOUT)
-

@@ -13,7 +13,11 @@ from ..errors import (
 from . import Proc
 
 # SQLSTATEs the functions RAISE (db/postgres/*.sql headers).
-_BGQ_ERRORS: dict[str, type[BgqError]] = {"BQ001": JobNotFoundError, "BQ002": DatabaseError, "BQ003": JobStateError}
+_BGQ_ERRORS: dict[str, type[BgqError]] = {
+    "BQ001": JobNotFoundError,
+    "BQ002": DatabaseError,
+    "BQ003": JobStateError,
+}
 _RETRYABLE = {"40P01", "40001", "55P03"}  # deadlock, serialization failure, lock not available
 _UNREACHABLE_CLASS = "08"
 _NOT_INSTALLED = {"42P01", "42883"}  # undefined table; undefined function
@@ -33,7 +37,6 @@ class PostgresDialect:
     def now_sql(self) -> str:
         return "clock_timestamp()"
 
-
     def drop_sql(self, table: str, name: str, function: bool) -> str:
         return f"DROP FUNCTION IF EXISTS {table}_{name}"
 
@@ -44,11 +47,12 @@ class PostgresDialect:
             message = getattr(diag, "message_primary", None) or str(exc)
             return _BGQ_ERRORS[state](message)
         if state in _NOT_INSTALLED:
-            return SchemaVersionError(f"bgq is not installed for this table ({exc}): run `bgq install-procs`.")
+            return SchemaVersionError(
+                f"bgq is not installed for this table ({exc}): run `bgq install-procs`."
+            )
         if state and state.startswith(_UNREACHABLE_CLASS):
             return DatabaseUnavailableError(f"Cannot reach the database: {exc}")
         return None
 
     def is_deadlock(self, exc: BaseException) -> bool:
         return getattr(exc, "sqlstate", None) in _RETRYABLE
-

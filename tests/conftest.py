@@ -1,0 +1,132 @@
+"""Shared fixtures: real MariaDB and PostgreSQL, one freshly installed table per dialect per session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from bgq import Queue
+from bgq.db import Database
+from bgq.install import install, uninstall
+
+DATABASE_URLS = {
+    "mysql": os.environ.get("BGQ_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test"),
+    "postgres": os.environ.get("BGQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"),
+}
+SERVICE_NAMES = {"mysql": "MariaDB/MySQL", "postgres": "PostgreSQL"}
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+_reachable: dict[str, str | None] = {}
+
+
+def require_service(name: str, probe: Callable[[], None]) -> None:
+    """Skip (or, with CI=true, fail) when a service the test needs is not reachable."""
+    if name not in _reachable:
+        try:
+            probe()
+            _reachable[name] = None
+        except Exception as exc:  # any failure to connect
+            _reachable[name] = f"{type(exc).__name__}: {exc}"
+    if _reachable[name] is not None:
+        message = f"{name} is not reachable ({_reachable[name]})"
+        if IN_CI:
+            pytest.fail(f"CI=true and {message}", pytrace=False)
+        pytest.skip(message)
+
+
+def _probe_database(url: str) -> Callable[[], None]:
+    def probe() -> None:
+        engine = sa.create_engine(url, connect_args={"connect_timeout": 5})
+        try:
+            with engine.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+        finally:
+            engine.dispose()
+
+    return probe
+
+
+def unique_name(prefix: str = "bgqt") -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(params=["mysql", "postgres"])
+def dialect(request: pytest.FixtureRequest) -> str:
+    name = request.param
+    require_service(SERVICE_NAMES[name], _probe_database(DATABASE_URLS[name]))
+    return name
+
+
+@pytest.fixture
+def db_url(dialect: str) -> str:
+    return DATABASE_URLS[dialect]
+
+
+class Installed:
+    """A table with bgq installed, shared by the tests of one dialect in this session."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.table = unique_name()
+        self.db = Database(url)
+        install(self.db, self.table)
+
+    def sql(self, statement: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        """Run raw SQL on the test table; `{t}` stands for the table name."""
+        with self.db.engine.begin() as conn:
+            result = conn.exec_driver_sql(statement.format(t=self.table), params)
+            return [dict(r) for r in result.mappings().all()] if result.returns_rows else []
+
+    def clear(self) -> None:
+        self.sql("DELETE FROM {t}")
+        self.sql("DELETE FROM {t}_group")
+
+    def drop(self) -> None:
+        uninstall(self.db, self.table)
+        self.db.dispose()
+
+
+_installed: dict[str, Installed] = {}
+
+
+@pytest.fixture
+def installed(dialect: str) -> Iterator[Installed]:
+    """The session's installed table for this dialect, emptied before the test."""
+    if dialect not in _installed:
+        _installed[dialect] = Installed(DATABASE_URLS[dialect])
+    target = _installed[dialect]
+    target.clear()
+    yield target
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    for target in _installed.values():
+        target.drop()
+
+
+@pytest.fixture
+def make_queue(installed: Installed) -> Iterator[Callable[..., Queue]]:
+    """Build Queues on the installed table: make_queue(callbacks={...}, priorities=[1, 2], ...)."""
+    queues: list[Queue] = []
+
+    def factory(**options: Any) -> Queue:
+        options.setdefault("callbacks", {"noop": lambda *a, **k: None})
+        options.setdefault("database_url", installed.url)
+        options.setdefault("table_name", installed.table)
+        options.setdefault("queue", "general")
+        queue = Queue(**options)
+        queues.append(queue)
+        return queue
+
+    yield factory
+    for queue in queues:
+        queue.close()
+
+
+def state_of(installed: Installed, job_id: int) -> int | None:
+    rows = installed.sql("SELECT state FROM {t} WHERE id = %s", (job_id,))
+    return rows[0]["state"] if rows else None

@@ -1,0 +1,349 @@
+"""process() and process_job() end to end on both dialects: the seed's tests and the Core checklist lines."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+
+import pytest
+
+from bgq import (
+    DieException,
+    JobState,
+    PermanentErrorException,
+    SkipException,
+    TemporaryErrorException,
+    WaitingException,
+)
+from tests.conftest import state_of
+
+MINUTE = 60_000
+
+
+def _row(installed, job_id):
+    return installed.sql("SELECT * FROM {t} WHERE id = %s", (job_id,))[0]
+
+
+def _json(value):
+    """A JSON column as Python: psycopg parses json columns, pymysql returns text."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _set(installed, job_id, **columns):
+    assignments = ", ".join(f"{k} = %s" for k in columns)
+    installed.sql(f"UPDATE {{t}} SET {assignments} WHERE id = %s", (*columns.values(), job_id))
+
+
+class Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+
+
+def test_seed_1_jobs_without_group_never_wait(make_queue, installed):
+    """Seed Test 1 / checklist 46: no group -> never WAITING, never a group row; process() runs all."""
+    rec = Recorder()
+    queue = make_queue(callbacks={"rec": rec}, priorities=[1, 2])
+    ids = [queue.publish("rec", [n], priority=p) for n, p in ((1, 2), (2, 1), (3, 2))]
+    report = queue.process()
+    assert report.outcomes == {"claimed": 3}
+    assert [state_of(installed, i) for i in ids] == [JobState.FINISHED] * 3
+    assert installed.sql("SELECT COUNT(*) AS n FROM {t}_group")[0]["n"] == 0
+    assert [c[0] for c in rec.calls] == [(1,), (2,), (3,)]  # id order in cron mode
+
+
+def test_seed_2a_predecessor_by_priority(make_queue, installed):
+    """Seed Test 2a / checklist 47: A (id1, p2) and B (id2, p1): pred(B) = None, pred(A) = B."""
+    queue = make_queue(priorities=[1, 2])
+    a = queue.publish("noop", serial_group="g", priority=2)
+    b = queue.publish("noop", serial_group="g", priority=1)
+    with installed.db.transaction() as conn:
+        assert queue.procs.predecessor(conn, b) is None
+        assert queue.procs.predecessor(conn, a) == b
+    assert queue.process_job(a) == "waiting"
+    assert queue.process_job(b) == "claimed"
+
+
+def test_seed_3_processing_clause_blocks_better_priority(make_queue, installed):
+    """Seed Test 3 / checklist 50: A (p2) PROCESSING blocks B (p1); once A is FINISHED it does not."""
+    queue = make_queue(priorities=[1, 2])
+    a = queue.publish("noop", serial_group="g", priority=2)
+    b = queue.publish("noop", serial_group="g", priority=1)
+    _set(installed, a, state=2)
+    assert queue.process_job(b) == "waiting"
+    row = _row(installed, b)
+    assert row["state"] == JobState.WAITING
+    assert row["error_message"] == f"Waiting for job ID {a}"  # checklist 48
+    assert row["postponed_by"] == 1000
+    _set(installed, a, state=3)
+    _set(installed, b, state=1)
+    assert queue.process_job(b) == "claimed"
+    assert state_of(installed, b) == JobState.FINISHED
+
+
+def test_seed_5_conditional_claim_runs_nothing_for_a_finished_row(make_queue, installed):
+    """Seed Test 5 / checklists 24, 25: a row switched to FINISHED behind the queue's back is not run."""
+    rec = Recorder()
+    queue = make_queue(callbacks={"rec": rec})
+    done = queue.publish("rec")
+    _set(installed, done, state=3)
+    assert queue.process_job(done) == "skipped"
+    assert rec.calls == [] and state_of(installed, done) == JobState.FINISHED
+    fresh = queue.publish("rec")  # negative control
+    assert queue.process_job(fresh) == "claimed"
+    assert len(rec.calls) == 1 and state_of(installed, fresh) == JobState.FINISHED
+
+
+@pytest.mark.parametrize("state", [JobState.PROCESSING, JobState.PERMANENTLY_FAILED])
+def test_checklist_26_unexpected_state_logs(make_queue, installed, caplog, state):
+    rec = Recorder()
+    queue = make_queue(callbacks={"rec": rec})
+    job = queue.publish("rec")
+    _set(installed, job, state=int(state))
+    with caplog.at_level(logging.CRITICAL, logger="bgq"):
+        assert queue.process_job(job) == "unexpected"
+    assert rec.calls == [] and state_of(installed, job) == state
+    assert f'Unexpected state "{int(state)}"' in caplog.text
+
+
+def test_checklist_25_27_finished_redundant_and_missing_are_silent(make_queue, installed, caplog):
+    queue = make_queue()
+    finished, redundant = queue.publish("noop"), queue.publish("noop")
+    _set(installed, finished, state=3)
+    _set(installed, redundant, state=7)
+    with caplog.at_level(logging.DEBUG, logger="bgq"):
+        assert queue.process_job(finished) == "skipped"
+        assert queue.process_job(redundant) == "skipped"
+        assert queue.process_job(10**12) == "missing"
+    assert caplog.records == []
+
+
+def test_seed_7_group_heads_with_a_priority_gap(make_queue, installed):
+    """Seed Test 7 / checklist 61: heads by (priority, id) with a gap; promotion touches only heads."""
+    queue = make_queue(priorities=[1, 2, 3])
+    a1 = queue.publish("noop", serial_group="gA", priority=2)
+    a2 = queue.publish("noop", serial_group="gA", priority=1)
+    a3 = queue.publish("noop", serial_group="gA", priority=1)
+    b1 = queue.publish("noop", serial_group="gB", priority=3)
+    b2 = queue.publish("noop", serial_group="gB", priority=2)
+    # Force everything to WAITING through the claim itself: a running job blocks each group.
+    blockers = [queue.publish("noop", serial_group=g, priority=1) for g in ("gA", "gB")]
+    for blocker in blockers:
+        _set(installed, blocker, state=2)
+    for job in (a1, a2, a3, b1, b2):
+        assert queue.process_job(job) == "waiting"
+    with installed.db.transaction() as conn:
+        heads = {h.serial_group: h.id for h in queue.procs.group_heads(conn)}
+    assert heads == {"gA": a2, "gB": b2}
+    for blocker in blockers:
+        _set(installed, blocker, state=3)
+    with installed.db.transaction() as conn:
+        promoted = {j.id for j in queue.procs.promote_waiting(conn)}
+    assert promoted == {a2, b2}
+    assert [state_of(installed, j) for j in (a1, a2, a3, b1, b2)] == [6, 1, 6, 6, 1]
+
+
+def test_checklist_22_success_bookkeeping(make_queue, installed):
+    queue = make_queue(callbacks={"ok": lambda: None})
+    job = queue.publish("ok")
+    queue.process_job(job)
+    row = _row(installed, job)
+    assert row["state"] == JobState.FINISHED
+    assert row["finished_at"] is not None and row["error_message"] is None
+    assert row["execution_time"] is not None and row["execution_time"] >= 0
+    memory = _json(row["memory"])
+    assert set(memory) == {"before", "after"} and memory["after"]["rss"] > 0
+
+
+def test_checklist_23_claim_bookkeeping(make_queue, installed):
+    seen = {}
+
+    def check(**kwargs):
+        seen.update(_row(installed, job))
+
+    queue = make_queue(callbacks={"check": check}, on_processing_get_metadata=lambda p: {"host": "h1", **p})
+    job = queue.publish("check", {"x": 1}, postpone_by=5)
+    _set(installed, job, error_message="old", state=4)
+    queue.process_job(job)
+    import os
+
+    assert seen["state"] == JobState.PROCESSING and seen["number_of_attempts"] == 1
+    assert seen["pid"] == os.getpid() and seen["last_attempt_at"] is not None
+    assert seen["postponed_by"] is None and seen["error_message"] is None
+    assert _json(seen["metadata"]) == {"host": "h1", "x": 1}
+
+
+@pytest.mark.parametrize(
+    ("raised", "state"),
+    [
+        (PermanentErrorException("bad"), JobState.PERMANENTLY_FAILED),  # 28
+        (TypeError("arity"), JobState.PERMANENTLY_FAILED),  # 29
+        (ZeroDivisionError("x"), JobState.PERMANENTLY_FAILED),  # 29
+        (AttributeError("None has no x"), JobState.PERMANENTLY_FAILED),  # 29
+        (RuntimeError("smtp down"), JobState.TEMPORARILY_FAILED),  # 30
+        (TemporaryErrorException("later"), JobState.TEMPORARILY_FAILED),  # 30
+        (SkipException("nothing to do"), JobState.FINISHED),
+        (WaitingException("not yet"), JobState.FINISHED),
+        (DieException("stop"), JobState.PERMANENTLY_FAILED),
+    ],
+)
+def test_checklist_28_30_outcomes(make_queue, installed, raised, state):
+    def fail():
+        raise raised
+
+    queue = make_queue(callbacks={"fail": fail})
+    job = queue.publish("fail")
+    queue.process_job(job)
+    row = _row(installed, job)
+    assert row["state"] == state
+    assert str(raised) in row["error_message"]
+    if state == JobState.TEMPORARILY_FAILED:
+        assert row["postponed_by"] == MINUTE  # first attempt: 1 minute (checklist 30/31)
+    assert queue.should_die is isinstance(raised, DieException)
+
+
+def test_checklist_29_programming_errors_from_arguments(make_queue, installed):
+    """Missing argument and unknown keyword are programming errors: permanent, not retried."""
+    queue = make_queue(callbacks={"needs": lambda to: None})
+    missing = queue.publish("needs")
+    unknown = queue.publish("needs", {"to": 1, "unknown_parameter": 1})
+    queue.process_job(missing)
+    queue.process_job(unknown)
+    assert state_of(installed, missing) == state_of(installed, unknown) == JobState.PERMANENTLY_FAILED
+
+
+def test_checklist_31_backoff_grows_with_attempts(make_queue, installed):
+    def fail():
+        raise RuntimeError("down")
+
+    queue = make_queue(callbacks={"fail": fail})
+    job = queue.publish("fail")
+    seen = []
+    for _ in range(6):
+        _set(installed, job, state=1)
+        queue.process_job(job)
+        seen.append(_row(installed, job)["postponed_by"] // MINUTE)
+    assert seen == [1, 2, 4, 8, 16, 16]
+
+
+def test_checklist_33_notify_once_at_the_configured_attempt(make_queue, installed, caplog):
+    def fail():
+        raise RuntimeError("down")
+
+    queue = make_queue(callbacks={"fail": fail}, notify_on_number_of_attempts=2)
+    job = queue.publish("fail")
+    messages = []
+    for _ in range(3):
+        caplog.clear()
+        _set(installed, job, state=1)
+        with caplog.at_level(logging.CRITICAL, logger="bgq"):
+            queue.process_job(job)
+        messages.append("Number of attempts reached" in caplog.text)
+    assert messages == [False, True, False]
+
+
+def test_checklist_32_temporary_failure_rerun_by_process_after_backoff(make_queue, installed):
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first time")
+
+    queue = make_queue(callbacks={"flaky": flaky})
+    job = queue.publish("flaky")
+    queue.process()
+    assert state_of(installed, job) == JobState.TEMPORARILY_FAILED
+    queue.process()  # still in its 1-minute backoff
+    assert len(calls) == 1
+    past = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(minutes=2)
+    _set(installed, job, last_attempt_at=past, created_at=past)
+    queue.process()
+    assert len(calls) == 2 and state_of(installed, job) == JobState.FINISHED
+
+
+def test_checklist_10_postponed_job_waits_in_cron_mode(make_queue, installed):
+    rec = Recorder()
+    queue = make_queue(callbacks={"rec": rec})
+    later = queue.publish("rec", postpone_by=dt.timedelta(minutes=5))
+    now = queue.publish("rec")
+    queue.process()
+    assert state_of(installed, later) == JobState.READY and state_of(installed, now) == JobState.FINISHED
+    past = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(minutes=6)
+    _set(installed, later, created_at=past)
+    queue.process()
+    assert state_of(installed, later) == JobState.FINISHED
+
+
+def test_checklist_65_66_cron_states_order_and_back_to_broker_ignored(make_queue, installed):
+    rec = Recorder()
+    queue = make_queue(callbacks={"rec": rec})
+    ids = [queue.publish("rec", [n]) for n in range(5)]
+    past = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(hours=1)
+    for job, state in zip(ids, (1, 4, 6, 8, -1), strict=True):
+        _set(installed, job, state=state, created_at=past)
+    queue.process()
+    assert [c[0][0] for c in rec.calls] == [0, 1, 2, 3]
+    assert state_of(installed, ids[4]) == JobState.BACK_TO_BROKER
+
+
+def test_checklist_65_at_most_1000_per_run(make_queue, installed, monkeypatch):
+    import bgq.queue
+
+    monkeypatch.setattr(bgq.queue, "PROCESS_LIMIT", 3)
+    queue = make_queue()
+    ids = [queue.publish("noop") for _ in range(5)]
+    assert sum(queue.process().outcomes.values()) == 3
+    assert [state_of(installed, i) for i in ids] == [3, 3, 3, 1, 1]
+
+
+def test_checklist_55_groups_do_not_block_each_other(make_queue, installed):
+    queue = make_queue()
+    a = queue.publish("noop", serial_group="one")
+    b = queue.publish("noop", serial_group="two")
+    _set(installed, a, state=2)
+    assert queue.process_job(b) == "claimed"
+
+
+def test_checklist_57_reread_after_lock(make_queue, installed):
+    """A stale READY copy of a job that is PROCESSING in the database neither runs nor turns WAITING."""
+    queue = make_queue()
+    first = queue.publish("noop", serial_group="g")
+    second = queue.publish("noop", serial_group="g")
+    _set(installed, second, state=2)  # already claimed elsewhere
+    assert queue.process_job(second) == "unexpected"
+    assert state_of(installed, second) == JobState.PROCESSING
+    assert state_of(installed, first) == JobState.READY
+
+
+def test_unknown_callback_at_process_time_fails_permanently(make_queue, installed, caplog):
+    queue = make_queue(callbacks={"noop": lambda: None, "gone": lambda: None})
+    job = queue.publish("gone")
+    other = make_queue(callbacks={"noop": lambda: None})
+    with caplog.at_level(logging.CRITICAL, logger="bgq"):
+        other.process_job(job)
+    assert state_of(installed, job) == JobState.PERMANENTLY_FAILED
+    assert 'Callback "gone" does not exist.' in caplog.text
+
+
+def test_finished_job_promotes_its_waiting_successor(make_queue, installed):
+    """Checklist 58/59 at the Queue level: FINISHED promotes, TEMPORARILY_FAILED does not."""
+
+    def fail():
+        raise RuntimeError("x")
+
+    queue = make_queue(callbacks={"noop": lambda: None, "fail": fail})
+    first = queue.publish("fail", serial_group="g")
+    second = queue.publish("noop", serial_group="g")
+    assert queue.process_job(second) == "waiting"
+    queue.process_job(first)
+    assert state_of(installed, first) == JobState.TEMPORARILY_FAILED
+    assert state_of(installed, second) == JobState.WAITING
+    _set(installed, first, callback_name="noop")
+    queue.process_job(first)
+    assert state_of(installed, first) == JobState.FINISHED
+    row = _row(installed, second)
+    assert row["state"] == JobState.READY and row["postponed_by"] is None
