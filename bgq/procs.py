@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from .db import Database, Proc
+from .errors import JobNotFoundError
 
 # Signatures of db/<dialect>/<name>.sql; the PostgreSQL types double as documentation.
 CLAIM = Proc(
@@ -28,7 +29,7 @@ FINISH = Proc(
     (
         ("p_id", "bigint"),
         ("p_attempt", "integer"),
-        ("p_state", "smallint"),
+        ("p_state", "integer"),
         ("p_error", "text"),
         ("p_postponed_by", "integer"),
         ("p_execution_time", "integer"),
@@ -41,7 +42,7 @@ GROUP_HEADS = Proc("group_heads", ())
 PROMOTE_WAITING = Proc("promote_waiting", (("p_now", "timestamptz"),))
 DUE_JOBS = Proc(
     "due_jobs",
-    (("p_queue", "varchar"), ("p_broker_mode", "smallint"), ("p_limit", "integer"), ("p_now", "timestamptz")),
+    (("p_queue", "varchar"), ("p_broker_mode", "integer"), ("p_limit", "integer"), ("p_now", "timestamptz")),
 )
 REQUEUE = Proc("requeue", (("p_id", "bigint"), ("p_reason", "text"), ("p_now", "timestamptz")))
 REAP = Proc(
@@ -185,13 +186,17 @@ class Procs:
         return [JobRef(r["id"], None, r["queue"], r["priority"]) for r in rows]
 
     def requeue(self, conn: Connection, job_id: int, reason: str, now: dt.datetime | None = None) -> JobRef:
-        (row,) = self._call(conn, REQUEUE, job_id, reason, now)
+        rows = self._call(conn, REQUEUE, job_id, reason, now)
+        if not rows:  # deleted between the procedure's two reads
+            raise JobNotFoundError(f"bgq: no such job {job_id}")
+        row = rows[0]
         return JobRef(row["id"], row["previous_state"], row["queue"], row["priority"])
 
     def reap(
         self, conn: Connection, queue: str, timeout_s: int, limit: int, now: dt.datetime | None = None
     ) -> list[Reaped]:
-        return [Reaped(**r) for r in self._call(conn, REAP, queue, timeout_s, limit, now)]
+        rows = self._call(conn, REAP, queue, timeout_s, limit, now)
+        return [Reaped(**{**r, "stalled_since": _utc(r["stalled_since"])}) for r in rows]
 
     # --- reads (stored procedures too, so a DBA sees the same answers) ---
 
@@ -255,3 +260,8 @@ class Procs:
         """Empty the jobs and group tables (the demo's own table, and tests)."""
         conn.exec_driver_sql(f"DELETE FROM {self.table}")
         conn.exec_driver_sql(f"DELETE FROM {self.table}_group")
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    """pymysql returns naive UTC datetimes, psycopg aware ones: make both aware UTC."""
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)

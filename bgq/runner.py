@@ -20,7 +20,7 @@ from .states import JobState
 
 def backoff_ms(attempts: int) -> int:
     """Delay before retry number `attempts`: min(16, 2^(attempts-1)) minutes (attempts 0: 30 s)."""
-    return int(min(16.0, 2.0 ** (attempts - 1)) * 60_000)
+    return int(min(16.0, 2.0 ** (min(attempts, 5) - 1)) * 60_000)
 
 
 @dataclass(frozen=True)

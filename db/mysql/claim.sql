@@ -18,7 +18,7 @@
 --                   'unexpected' PROCESSING or PERMANENTLY_FAILED: nothing changed.
 --   attempt         number_of_attempts after the claim: the fencing token that
 --                   {{ table }}_finish must present. NULL unless claimed.
---   state           the job's state after the call (NULL when missing).
+--   state           the job's state after the call (NULL when missing or locked).
 --   predecessor_id  the job it waits for ('waiting').
 --   promoted_id     a job of the group this call moved WAITING -> READY (publish it).
 --   callback_name, parameters_json, parameters, queue, priority, serial_group, identifier,
@@ -66,7 +66,6 @@ BEGIN
 
     body: BEGIN
         DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
-        DECLARE EXIT HANDLER FOR 1205 SET v_outcome = 'locked';
 
         -- serial_group, mode and identifier never change, so a plain read is enough here.
         SELECT serial_group, mode, identifier INTO v_group, v_mode, v_identifier
@@ -79,10 +78,17 @@ BEGIN
         END IF;
 
         IF v_group IS NOT NULL THEN
-            SET SESSION innodb_lock_wait_timeout = 3;
-            INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (v_group, v_now)
-            ON DUPLICATE KEY UPDATE updated_at = v_now;
+            group_lock: BEGIN
+                -- Only this statement turns a lock-wait timeout into 'locked'; nothing is written yet.
+                DECLARE EXIT HANDLER FOR 1205 SET v_outcome = 'locked';
+                SET SESSION innodb_lock_wait_timeout = 3;
+                INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (v_group, v_now)
+                ON DUPLICATE KEY UPDATE updated_at = v_now;
+            END group_lock;
             SET SESSION innodb_lock_wait_timeout = v_old_wait;
+            IF v_outcome = 'locked' THEN
+                LEAVE body;
+            END IF;
         END IF;
 
         SELECT state, number_of_attempts, coalesce_threshold

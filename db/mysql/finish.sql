@@ -19,7 +19,8 @@
 -- Steps: a grouped job locks its group row first; the job is updated only while it is still
 --   PROCESSING under the caller's claim; finished_at is set for FINISHED and REDUNDANT; then
 --   {{ table }}_group_wake promotes the group's WAITING head when nothing blocks it any more
---   (a TEMPORARILY_FAILED job is still first in line, so it promotes nobody).
+--   (a TEMPORARILY_FAILED job is normally still first in line, so it wakes nobody; a
+--   better-priority job that waited behind it while it ran is promoted).
 -- Locks: the group row, then the job row, then the promoted row (the same order as the claim).
 -- Fencing: WHERE state = 2 AND number_of_attempts = p_attempt. A worker whose job was reaped
 --   and claimed again elsewhere presents an old token: finished = 0 and nothing changes.

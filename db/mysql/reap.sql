@@ -12,8 +12,11 @@
 --   result.' and postponed_by = backoff(number_of_attempts) = min(16, 2^(n-1)) minutes in ms;
 --   number_of_attempts is not changed and no callback runs. Liveness is judged by updated_at
 --   (claim and heartbeats), never by pid.
--- Locks: each reaped job row. The group is not locked: a reaped job stays first in its group
---   (TEMPORARILY_FAILED is claimable), so no WAITING job changes.
+-- Locks: each reaped job row only. Its group is neither locked nor woken (taking the group row
+--   after the job row would invert the claim's lock order): a reaped job is claimable, so it
+--   usually stays first in its group; if a better-priority job of the group is WAITING, cron
+--   mode retries it and broker mode's safety net ({{ table }}_promote_waiting, run by
+--   `bgq process` right after the reaper) promotes it.
 -- Fencing: each UPDATE is conditional on state = 2 AND updated_at = the value read, so a
 --   heartbeat, a finish or another reaper that got there first wins.
 -- Errors: none. Idempotent: yes.
@@ -55,7 +58,7 @@ BEGIN
                 DATE_FORMAT(updated_at, '%Y-%m-%d %H:%i:%s.%f'),
                 ' (PID ', COALESCE(pid, 0), '); the consumer died without writing a result.'
             ),
-            postponed_by = CAST(LEAST(16, POW(2, number_of_attempts - 1)) * 60000 AS SIGNED),
+            postponed_by = CAST(LEAST(16, POW(2, LEAST(number_of_attempts, 5) - 1)) * 60000 AS SIGNED),
             updated_at = v_now
         WHERE id = v_id AND state = 2 AND updated_at = v_updated;
         IF ROW_COUNT() > 0 THEN
