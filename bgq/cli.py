@@ -66,9 +66,9 @@ def load_queue(required: bool = True) -> Queue | None:
     sys.path.insert(0, "")
     try:
         target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
+        queue = target() if callable(target) and not isinstance(target, Queue) else target
+    except (ImportError, AttributeError, BgqError) as exc:
         fail(f"Cannot load {state.app_path!r}: {exc}", code=2)
-    queue = target() if callable(target) and not isinstance(target, Queue) else target
     if not isinstance(queue, Queue):
         fail(f"{state.app_path!r} is not a bgq.Queue (got {type(queue).__name__}).", code=2)
     if state.database_url:
@@ -93,7 +93,7 @@ def install_procs() -> None:
             from .config import TABLE_NAME_RE
 
             table = state.table or "background_job"
-            if not TABLE_NAME_RE.match(table):
+            if not TABLE_NAME_RE.fullmatch(table):
                 fail(f"Invalid table name {table!r}.", code=2)
             if state.database_url:
                 db = Database(state.database_url)

@@ -108,7 +108,7 @@ def _callbacks(raw: Any, priorities: tuple[int, ...]) -> dict[str, CallbackSpec]
         if unknown:
             raise ConfigError(f'Callback "{name}" has unknown keys: {", ".join(sorted(unknown))}.')
         sub = value.get("queue")
-        if sub is not None and (not isinstance(sub, str) or not QUEUE_NAME_RE.match(sub)):
+        if sub is not None and (not isinstance(sub, str) or not QUEUE_NAME_RE.fullmatch(sub)):
             raise ConfigError(f'Callback "{name}" has an invalid queue {sub!r} (letters, digits, _ . -).')
         if sub is not None and sub.isdigit():
             raise ConfigError(
@@ -116,7 +116,7 @@ def _callbacks(raw: Any, priorities: tuple[int, ...]) -> dict[str, CallbackSpec]
                 "per-priority queue names."
             )
         prio = value.get("priority")
-        if prio is not None and prio not in priorities:
+        if prio is not None and (isinstance(prio, bool) or prio not in priorities):
             raise ConfigError(
                 f'Callback "{name}" has priority {prio!r}, which is not in priorities '
                 f"{','.join(map(str, priorities))}."
@@ -139,12 +139,12 @@ def build_config(**options: Any) -> Config:
     if opts.get("database_url") is None:
         opts["database_url"] = os.environ.get("BGQ_DATABASE_URL") or None
     table = opts.get("table_name", "background_job")
-    if not isinstance(table, str) or not TABLE_NAME_RE.match(table):
+    if not isinstance(table, str) or not TABLE_NAME_RE.fullmatch(table):
         raise ConfigError(
             f"Invalid table name {table!r}: a letter or _, then letters, digits or _ (at most 40)."
         )
     queue = opts.get("queue", "default")
-    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.fullmatch(queue):
         raise ConfigError(f"Invalid queue name {queue!r}: letters, digits, _ . -, at most 200 characters.")
     bulk = opts.get("bulk_size", 1)
     if isinstance(bulk, bool) or not isinstance(bulk, int) or bulk < 1:

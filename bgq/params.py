@@ -77,7 +77,10 @@ def encode(parameters: Any, *, allow_pickle: bool) -> tuple[str | None, bytes | 
     except SerializationError:
         if not allow_pickle:
             raise
-    return None, pickle.dumps(parameters, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        return None, pickle.dumps(parameters, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # TypeError, PicklingError, AttributeError (lambdas, locks, generators)
+        raise SerializationError(f"Parameters cannot be pickled either: {type(exc).__name__}: {exc}") from exc
 
 
 def decode(parameters_json: str | None, parameters_pickle: bytes | None, *, allow_pickle: bool) -> Any:

@@ -162,7 +162,7 @@ class Queue:
         if mode is not Mode.NORMAL and not identifier:
             raise PublishError(f'Parameter "identifier" has to be set if "mode" is {mode.value}.')
         if coalesce_threshold is not None and not serial_group:
-            raise PublishError('Parameter "serialGroup" has to be set if "coalesceThreshold" is used.')
+            raise PublishError('Parameter "serial_group" has to be set if "coalesce_threshold" is used.')
         if priority is None:
             priority = spec.priority if spec.priority is not None else cfg.priorities[0]
         if isinstance(priority, bool) or priority not in cfg.priorities:
@@ -175,6 +175,9 @@ class Queue:
                 raise PublishError(
                     f'Parameter "{name}" must be a non-empty string of at most {_MAX_TEXT} characters.'
                 )
+            if value is not None and value != value.rstrip():
+                # MySQL compares these PAD SPACE ('a ' = 'a'), PostgreSQL does not: refuse the ambiguity.
+                raise PublishError(f'Parameter "{name}" must not end with whitespace: {value!r}.')
         if coalesce_threshold is not None and (
             isinstance(coalesce_threshold, bool) or not isinstance(coalesce_threshold, int)
         ):
@@ -343,7 +346,7 @@ def _milliseconds(value: int | dt.timedelta | None) -> int | None:
     if value is None:
         return None
     if isinstance(value, dt.timedelta):
-        value = int(value.total_seconds() * 1000)
+        value = value // dt.timedelta(milliseconds=1)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > _MAX_INT32:
         raise PublishError(
             f'Parameter "postpone_by" must be 0..{_MAX_INT32} ms or a timedelta, got {value!r}.'

@@ -125,11 +125,12 @@ def measure(dialect: str, waiting: int, groups: int, explain: bool) -> dict[str,
 def print_explain(db: Database, table: str) -> None:
     queries = {
         "running job of a group": f"SELECT id FROM {table} WHERE {_running(db)} = 'g1'",
-        "head of a group": f"SELECT id, state FROM {table} WHERE {_pending(db)} ORDER BY priority, id LIMIT 1",
+        "head of a group": f"SELECT id, state FROM {table} WHERE {_pending(db)} "
+        "ORDER BY priority, id LIMIT 1",
         "waiting head of a group": f"SELECT id FROM {table} WHERE serial_group = 'g1' AND state = 6 "
         "ORDER BY priority, id LIMIT 1",
-        "all group heads": f"SELECT serial_group, waiting_head_id FROM {table}_group WHERE waiting_head_id IS NOT NULL "
-        "ORDER BY waiting_head_id",
+        "all group heads": f"SELECT serial_group, waiting_head_id FROM {table}_group "
+        "WHERE waiting_head_id IS NOT NULL ORDER BY waiting_head_id",
         "due jobs (cron)": f"SELECT id FROM {table} WHERE state IN (1, 4, 6, 8) ORDER BY id LIMIT 1000",
     }
     with db.transaction() as conn:
@@ -168,8 +169,8 @@ def main() -> None:
             groups = min(args.groups, size)
             r = measure(dialect, size, groups, args.explain)
             print(
-                f"{dialect:9} {size:>8} {groups:>6} {r['group_heads_ms']:>15.2f} {r['predecessor_ms']:>15.3f} "
-                f"{r['claim_waiting_ms']:>15.3f} {r['fill_s']:>7.1f}",
+                f"{dialect:9} {size:>8} {groups:>6} {r['group_heads_ms']:>15.2f} "
+                f"{r['predecessor_ms']:>15.3f} {r['claim_waiting_ms']:>15.3f} {r['fill_s']:>7.1f}",
                 flush=True,
             )
 

@@ -35,7 +35,7 @@ class PostgresDialect:
         return f"SELECT * FROM {table}_{proc.name}({args})"
 
     def now_sql(self) -> str:
-        return "clock_timestamp()"
+        return "statement_timestamp()"  # one reading per statement, like MySQL's UTC_TIMESTAMP(6)
 
     def drop_sql(self, table: str, name: str, function: bool) -> str:
         return f"DROP FUNCTION IF EXISTS {table}_{name}"

@@ -1,0 +1,257 @@
+"""Shared tools of the contract suite: jobs by hand, one-transaction procedure calls, held transactions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from bgq.procs import ClaimResult, FinishResult, NewJob, Procs
+
+UTC = dt.UTC
+#: The clock of every time-dependent test (far from the server's clock, with microseconds).
+T0 = dt.datetime(2030, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
+QUEUE = "general"
+PID = 4242
+WAITING_MS = 1500
+
+# Generated on MySQL (running_group, pending_group): never written by hand.
+_JSON_COLUMNS = ("parameters_json", "metadata", "memory")
+_TIME_COLUMNS = ("created_at", "last_attempt_at", "finished_at", "updated_at")
+
+
+def at(seconds: float) -> dt.datetime:
+    """T0 plus `seconds`."""
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def utc(value: dt.datetime | None) -> dt.datetime | None:
+    """A timestamp read back from either dialect as an aware UTC datetime (MySQL gives naive UTC)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def procs(installed: Any) -> Procs:
+    return Procs(installed.db, installed.table)
+
+
+def new_job(
+    installed: Any,
+    *,
+    queue: str = QUEUE,
+    priority: int = 1,
+    group: str | None = None,
+    threshold: int | None = None,
+    identifier: str | None = None,
+    mode: str = "normal",
+    postponed_by: int | None = None,
+    broker: bool = False,
+    callback: str = "cb",
+    parameters_json: str | None = "[1, 2]",
+) -> int:
+    """Insert one READY job through Procs.insert (as publish does) and return its id."""
+    job = NewJob(
+        queue=queue,
+        priority=priority,
+        callback_name=callback,
+        parameters_json=parameters_json,
+        parameters=None,
+        serial_group=group,
+        coalesce_threshold=threshold,
+        identifier=identifier,
+        mode=mode,
+        postponed_by=postponed_by,
+        processed_by_broker=broker,
+    )
+    with installed.db.transaction() as conn:
+        return procs(installed).insert(conn, job)
+
+
+def set_row(installed: Any, job_id: int, **columns: Any) -> None:
+    """Set columns of a job by raw SQL (a state set by hand); never the MySQL generated columns."""
+    assert not {"running_group", "pending_group"} & columns.keys()
+    assignments = ", ".join(f"{name} = %s" for name in columns)
+    installed.sql(f"UPDATE {{t}} SET {assignments} WHERE id = %s", (*columns.values(), job_id))
+
+
+def row(installed: Any, job_id: int) -> dict[str, Any] | None:
+    """The job's row, the same on both dialects: UTC-aware timestamps, parsed JSON, no generated columns."""
+    rows = installed.sql("SELECT * FROM {t} WHERE id = %s", (job_id,))
+    if not rows:
+        return None
+    out = {k: v for k, v in rows[0].items() if k not in ("running_group", "pending_group")}
+    for name in _TIME_COLUMNS:
+        out[name] = utc(out[name])
+    for name in _JSON_COLUMNS:
+        if isinstance(out[name], (str, bytes)):
+            out[name] = json.loads(out[name])
+    return out
+
+
+def state(installed: Any, job_id: int) -> int | None:
+    found = row(installed, job_id)
+    return None if found is None else found["state"]
+
+
+def states(installed: Any, *job_ids: int) -> list[int | None]:
+    return [state(installed, job_id) for job_id in job_ids]
+
+
+def group_row(installed: Any, group: str) -> dict[str, Any] | None:
+    rows = installed.sql("SELECT * FROM {t}_group WHERE serial_group = %s", (group,))
+    return rows[0] if rows else None
+
+
+def processing_count(installed: Any, group: str) -> int:
+    rows = installed.sql("SELECT COUNT(*) AS n FROM {t} WHERE serial_group = %s AND state = 2", (group,))
+    return int(rows[0]["n"])
+
+
+def claim(
+    installed: Any,
+    job_id: int,
+    *,
+    queue: str = QUEUE,
+    pid: int = PID,
+    waiting_ms: int = WAITING_MS,
+    metadata: str | None = None,
+    now: dt.datetime = T0,
+    conn: Connection | None = None,
+) -> ClaimResult:
+    """One claim in one transaction of its own (or on `conn`, whose transaction the caller owns)."""
+    if conn is not None:
+        return procs(installed).claim(conn, job_id, queue, pid, waiting_ms, metadata, now)
+    with installed.db.transaction() as own:
+        return procs(installed).claim(own, job_id, queue, pid, waiting_ms, metadata, now)
+
+
+def claimed(installed: Any, job_id: int, **kwargs: Any) -> int:
+    """Claim a job that must be claimable and return its attempt token."""
+    result = claim(installed, job_id, **kwargs)
+    assert result.outcome == "claimed", result
+    assert result.attempt is not None
+    return result.attempt
+
+
+def finish(
+    installed: Any,
+    job_id: int,
+    attempt: int,
+    job_state: int = 3,
+    *,
+    error: str | None = None,
+    postponed_by: int | None = None,
+    execution_time: int | None = None,
+    memory: str | None = None,
+    now: dt.datetime = T0,
+) -> FinishResult:
+    with installed.db.transaction() as conn:
+        return procs(installed).finish(
+            conn, job_id, attempt, job_state, error, postponed_by, execution_time, memory, now
+        )
+
+
+@contextmanager
+def held_transaction(installed: Any) -> Iterator[Connection]:
+    """A transaction on a connection of its own, left open until the caller commits it.
+
+    Whatever the test does, the transaction is rolled back (if still open) and the connection
+    closed on the way out, so no lock outlives the test.
+    """
+    conn = installed.db.engine.connect()
+    conn.begin()
+    try:
+        yield conn
+    finally:
+        if conn.in_transaction():
+            conn.rollback()
+        conn.close()
+
+
+@contextmanager
+def background() -> Iterator[Callable[..., Future[Any]]]:
+    """Run callables on threads: `with background() as run: future = run(fn, *args)`."""
+    pool = ThreadPoolExecutor(max_workers=4)
+    try:
+        yield pool.submit
+    finally:
+        pool.shutdown(wait=True)
+
+
+def wait_for_lock_wait(installed: Any, timeout: float = 10.0) -> None:
+    """Poll until some session waits for a lock in a statement on this test's table.
+
+    Polling, not sleeping: it returns as soon as the other thread is blocked. InnoDB refreshes
+    its INFORMATION_SCHEMA transaction tables only after they were left unread for 0.1 s, so on
+    MySQL/MariaDB the poll interval is longer than that.
+    """
+    if installed.db.dialect.name == "mysql":
+        query = (
+            "SELECT COUNT(*) AS n FROM information_schema.INNODB_TRX "
+            "WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE %s"
+        )
+        interval = 0.15
+    else:
+        query = "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s"
+        interval = 0.01
+    pattern = f"%{installed.table}%"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if int(installed.sql(query, (pattern,))[0]["n"]) > 0:
+            return
+        time.sleep(interval)
+    raise AssertionError(f"nobody waited for a lock on {installed.table} within {timeout} s")
+
+
+def run_together(*calls: Callable[[], Any]) -> list[Any]:
+    """Start the calls on threads at the same instant (a barrier) and return their results in order."""
+    barrier = threading.Barrier(len(calls))
+
+    def start(call: Callable[[], Any]) -> Any:
+        barrier.wait(timeout=10)
+        return call()
+
+    with background() as run:
+        futures = [run(start, call) for call in calls]
+        return [future.result(timeout=60) for future in futures]
+
+
+def blocked_or_done(installed: Any, future: Future[Any], timeout: float = 10.0) -> bool:
+    """Poll until `future` is done (False) or some session waits for a lock on this table (True)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if future.done():
+            return False
+        try:
+            wait_for_lock_wait(installed, timeout=0.2)
+            return True
+        except AssertionError:
+            continue
+    raise AssertionError(f"neither done nor blocked within {timeout} s")
+
+
+@contextmanager
+def old_snapshot(installed: Any) -> Iterator[None]:
+    """Hold a REPEATABLE READ snapshot open, as a long report or a backup does.
+
+    Old row versions are then kept (MySQL does not purge the delete-marked index entries of
+    rows changed after the snapshot), which makes the index state of a busy server reproducible.
+    """
+    conn = installed.db.engine.connect().execution_options(isolation_level="REPEATABLE READ")
+    conn.begin()
+    conn.exec_driver_sql(f"SELECT COUNT(*) FROM {installed.table}").all()
+    try:
+        yield
+    finally:
+        conn.rollback()
+        conn.close()

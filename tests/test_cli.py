@@ -1,0 +1,252 @@
+"""The `bgq` command line, run as a real subprocess: argument errors, install-procs, process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bgq import JobState
+from bgq.db import Database
+from bgq.install import uninstall
+from tests.conftest import DATABASE_URLS, state_of, unique_name
+
+BGQ = shutil.which("bgq", path=str(Path(sys.executable).parent)) or str(Path(sys.executable).parent / "bgq")
+UNREACHABLE = {
+    "mysql": "mysql+pymysql://root@127.0.0.1:1/test",
+    "postgres": "postgresql+psycopg://postgres@127.0.0.1:1/test",
+}
+
+
+def bgq(*args: str, pythonpath: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120):
+    """Run the console script with a clean bgq environment and return the CompletedProcess."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("BGQ_")}
+    if pythonpath is not None:
+        clean["PYTHONPATH"] = os.pathsep.join([str(pythonpath), clean.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        )
+    clean.update(env or {})
+    return subprocess.run(
+        [BGQ, *args], capture_output=True, text=True, env=clean, timeout=timeout, check=False
+    )
+
+
+def write_app(tmp_path: Path, url: str, table: str, *, extra: str = "") -> str:
+    """An application module for --app: a Queue whose callback writes a marker file."""
+    module = unique_name("bgqapp")
+    (tmp_path / f"{module}.py").write_text(
+        textwrap.dedent(
+            f"""
+            from pathlib import Path
+
+            import bgq
+
+            MARKS = Path({str(tmp_path)!r})
+
+
+            def touch(name):
+                (MARKS / name).write_text("done")
+
+
+            queue = bgq.Queue(
+                callbacks={{"touch": touch}},
+                database_url={url!r},
+                table_name={table!r},
+                queue="general",
+            )
+
+
+            def make_queue():
+                return queue
+            """
+        )
+        + extra
+    )
+    return module
+
+
+def assert_clean_failure(result, code: int | None = None) -> None:
+    """Failed with a message of bgq's own: non-zero, on stderr, without a Python traceback."""
+    if code is None:
+        assert result.returncode != 0, result
+    else:
+        assert result.returncode == code, result
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.strip(), result
+
+
+# --- no database needed ---
+
+
+def test_console_script_exists():
+    assert Path(BGQ).exists(), BGQ
+
+
+def test_help():
+    result = bgq("--help")
+    assert result.returncode == 0, result.stderr
+    for command in ("install-procs", "process", "requeue", "demo"):
+        assert command in result.stdout
+
+
+def test_process_without_app_names_the_option():
+    result = bgq("process")
+    assert_clean_failure(result, 2)
+    assert "--app" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("app", "expected"),
+    [
+        ("nosuchmodule_bgq_test:queue", "Cannot load 'nosuchmodule_bgq_test:queue'"),
+        ("os:no_such_attribute", "Cannot load 'os:no_such_attribute'"),
+        ("os:path", "'os:path' is not a bgq.Queue (got module)"),
+        ("os:sep", "'os:sep' is not a bgq.Queue (got str)"),
+        ("no_colon_here", "--app must look like 'package.module:queue'"),
+        (":queue", "--app must look like 'package.module:queue'"),
+    ],
+)
+def test_bad_app(app, expected):
+    result = bgq("--app", app, "process")
+    assert_clean_failure(result, 2)
+    assert expected in result.stderr
+
+
+def test_bad_app_from_environment_variable():
+    result = bgq("process", env={"BGQ_APP": "nosuchmodule_bgq_test:queue"})
+    assert_clean_failure(result, 2)
+    assert "nosuchmodule_bgq_test" in result.stderr
+
+
+def test_app_whose_queue_config_is_invalid_fails_cleanly(tmp_path):
+    """A misconfigured Queue in the app module is a clear message, not a traceback."""
+    module = unique_name("bgqbad")
+    (tmp_path / f"{module}.py").write_text(
+        "import bgq\n"
+        "queue = bgq.Queue(callbacks={'x': print}, table_name='bad-name',\n"
+        "                  database_url='mysql+pymysql://root@127.0.0.1:1/test')\n"
+    )
+    result = bgq("--app", f"{module}:queue", "process", pythonpath=tmp_path)
+    assert_clean_failure(result, 2)
+    assert "Invalid table name 'bad-name'" in result.stderr
+
+
+@pytest.mark.parametrize("table", ["bad-name", "1abc", "x;drop", "a" * 41])
+def test_install_procs_bad_table(table):
+    result = bgq("--database-url", DATABASE_URLS["mysql"], "--table", table, "install-procs")
+    assert_clean_failure(result, 2)
+    assert "Invalid table name" in result.stderr
+
+
+@pytest.mark.parametrize("url", ["sqlite:///x.db", "not a url"])
+def test_install_procs_unsupported_or_invalid_url(url):
+    result = bgq("--database-url", url, "--table", "t1", "install-procs")
+    assert_clean_failure(result, 1)
+    assert "database" in result.stderr.lower()
+
+
+@pytest.mark.parametrize("dialect_name", ["mysql", "postgres"])
+def test_install_procs_unreachable_database(dialect_name):
+    result = bgq("--database-url", UNREACHABLE[dialect_name], "--table", "t1", "install-procs", timeout=60)
+    assert_clean_failure(result, 1)
+    assert "Cannot reach" in result.stderr
+
+
+# --- real databases ---
+
+
+def test_install_procs_twice(dialect, db_url):
+    table = unique_name("bgqcli")
+    try:
+        first = bgq("--database-url", db_url, "--table", table, "install-procs")
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.startswith(f"installed: table {table} on ")
+        second = bgq("--database-url", db_url, "--table", table, "install-procs")
+        assert second.returncode == 0, second.stderr
+        assert second.stdout.startswith(f"already up to date: table {table} on ")
+        alias = bgq("--database-url", db_url, "--table", table, "update-schema")
+        assert alias.returncode == 0, alias.stderr
+        assert alias.stdout.startswith("already up to date")
+    finally:
+        db = Database(db_url)
+        try:
+            uninstall(db, table)
+        finally:
+            db.dispose()
+
+
+def test_install_procs_through_the_app(dialect, db_url, tmp_path):
+    table = unique_name("bgqcli")
+    module = write_app(tmp_path, db_url, table)
+    try:
+        first = bgq("--app", f"{module}:queue", "install-procs", pythonpath=tmp_path)
+        assert first.returncode == 0, first.stderr
+        assert first.stdout.startswith(f"installed: table {table} on ")
+        second = bgq("--app", f"{module}:make_queue", "install-procs", pythonpath=tmp_path)
+        assert second.returncode == 0, second.stderr
+        assert second.stdout.startswith(f"already up to date: table {table} on ")
+    finally:
+        db = Database(db_url)
+        try:
+            uninstall(db, table)
+        finally:
+            db.dispose()
+
+
+def test_process_runs_a_published_job(make_queue, installed, tmp_path):
+    module = write_app(tmp_path, installed.url, installed.table)
+    job_id = make_queue(callbacks={"touch": lambda name: None}).publish("touch", ["mark-1"])
+    result = bgq("--app", f"{module}:queue", "process", pythonpath=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "claimed 1" in result.stdout
+    assert state_of(installed, job_id) == JobState.FINISHED
+    assert (tmp_path / "mark-1").read_text() == "done"
+
+
+def test_process_with_app_from_environment_and_nothing_due(installed, tmp_path):
+    module = write_app(tmp_path, installed.url, installed.table)
+    result = bgq("process", pythonpath=tmp_path, env={"BGQ_APP": f"{module}:make_queue"})
+    assert result.returncode == 0, result.stderr
+    assert "nothing due" in result.stdout
+
+
+def test_database_url_option_overrides_the_apps(make_queue, installed, tmp_path):
+    module = write_app(tmp_path, UNREACHABLE["mysql"], installed.table)
+    job_id = make_queue(callbacks={"touch": lambda name: None}).publish("touch", ["mark-2"])
+    result = bgq("--app", f"{module}:queue", "--database-url", installed.url, "process", pythonpath=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert state_of(installed, job_id) == JobState.FINISHED
+
+
+def test_process_refuses_a_mismatched_version(make_queue, installed, tmp_path):
+    module = write_app(tmp_path, installed.url, installed.table)
+    job_id = make_queue(callbacks={"touch": lambda name: None}).publish("touch", ["mark-3"])
+    (original,) = installed.sql("SELECT value FROM {t}_meta WHERE name = 'version'")
+    installed.sql("UPDATE {t}_meta SET value = '0' WHERE name = 'version'")
+    try:
+        result = bgq("--app", f"{module}:queue", "process", pythonpath=tmp_path)
+    finally:
+        installed.sql("UPDATE {t}_meta SET value = %s WHERE name = 'version'", (original["value"],))
+    assert_clean_failure(result, 1)
+    assert "bgq install-procs" in result.stderr
+    assert state_of(installed, job_id) == JobState.READY
+    assert not (tmp_path / "mark-3").exists()
+
+
+def test_process_on_a_table_that_is_not_installed(tmp_path, dialect, db_url):
+    module = write_app(tmp_path, db_url, unique_name("bgqnone"))
+    result = bgq("--app", f"{module}:queue", "process", pythonpath=tmp_path)
+    assert_clean_failure(result, 1)
+    assert "bgq install-procs" in result.stderr
+
+
+def test_process_unreachable_database(tmp_path):
+    module = write_app(tmp_path, UNREACHABLE["mysql"], "background_job")
+    result = bgq("--app", f"{module}:queue", "process", pythonpath=tmp_path, timeout=60)
+    assert_clean_failure(result, 1)
+    assert "Cannot reach" in result.stderr

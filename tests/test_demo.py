@@ -1,0 +1,35 @@
+"""`bgq demo`: on the embedded PostgreSQL with no database configured, and on each real server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BGQ = shutil.which("bgq", path=str(Path(sys.executable).parent)) or "bgq"
+
+
+def _run_demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([BGQ, *args, "demo"], env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_demo_runs_on_the_embedded_default(tmp_path):
+    """No database URL anywhere: bgq starts an embedded PostgreSQL and the group runs a b d e g c f."""
+    pytest.importorskip("pgserver", reason="the embedded extra (pgserver) is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "BGQ_DATABASE_URL"}
+    env["BGQ_DATA_DIR"] = str(tmp_path / "pg")
+    result = _run_demo(env)
+    assert result.returncode == 0, result.stderr
+    assert "bgq demo on postgres" in result.stdout
+    assert "the group ran in the order: a b d e g c f" in result.stdout
+    assert result.stdout.count("start  mail-") == 3
+
+
+def test_demo_runs_on_a_configured_server(db_url):
+    result = _run_demo(dict(os.environ), "--database-url", db_url)
+    assert result.returncode == 0, result.stderr
+    assert "the group ran in the order: a b d e g c f" in result.stdout
