@@ -1,0 +1,45 @@
+"""The wheel carries db/<dialect>/*.sql, and an installed bgq finds them there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_ships_the_sql_and_finds_it(tmp_path):
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("bgq-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for dialect in ("mysql", "postgres"):
+        expected = {p.name for p in (ROOT / "db" / dialect).glob("*.sql")}
+        shipped = {Path(n).name for n in names if n.startswith(f"bgq/sql/{dialect}/") and n.endswith(".sql")}
+        assert shipped == expected and "claim.sql" in shipped
+    unpacked = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(unpacked)
+    code = "from bgq.install import sql_dir, SqlFiles; print(sql_dir('postgres')); SqlFiles.load('mysql')"
+    env = {**os.environ, "PYTHONPATH": str(unpacked)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert out.stdout.strip() == str(unpacked / "bgq" / "sql" / "postgres")
