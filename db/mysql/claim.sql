@@ -68,10 +68,15 @@ BEGIN
         DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
 
         -- serial_group, mode and identifier never change, so a plain read is enough here.
-        SELECT serial_group, mode, identifier INTO v_group, v_mode, v_identifier
+        SELECT
+            serial_group,
+            mode,
+            identifier
+        INTO v_group, v_mode, v_identifier
         FROM {{ table }}
-        WHERE id = p_id
-          AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'));
+        WHERE
+            id = p_id
+            AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'));
         IF v_found = 0 THEN
             SET v_outcome = 'missing';
             LEAVE body;
@@ -91,7 +96,10 @@ BEGIN
             END IF;
         END IF;
 
-        SELECT state, number_of_attempts, coalesce_threshold
+        SELECT
+            state,
+            number_of_attempts,
+            coalesce_threshold
         INTO v_state, v_attempt, v_threshold
         FROM {{ table }}
         WHERE id = p_id
@@ -112,8 +120,9 @@ BEGIN
 
         IF v_mode = 'unique' AND EXISTS (
             SELECT 1 FROM {{ table }}
-            WHERE identifier = v_identifier AND id < p_id
-              AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+            WHERE
+                identifier = v_identifier AND id < p_id
+                AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
         ) THEN
             UPDATE {{ table }}
             SET state = 7, finished_at = v_now, updated_at = v_now
@@ -123,7 +132,8 @@ BEGIN
             SET v_predecessor = {{ table }}_predecessor(p_id);
             IF v_predecessor IS NOT NULL THEN
                 UPDATE {{ table }}
-                SET state = 6,
+                SET
+                    state = 6,
                     error_message = CONCAT('Waiting for job ID ', v_predecessor),
                     postponed_by = p_waiting_ms,
                     updated_at = v_now
@@ -134,7 +144,8 @@ BEGIN
 
         IF v_outcome IS NULL THEN
             UPDATE {{ table }}
-            SET state = 2,
+            SET
+                state = 2,
                 number_of_attempts = number_of_attempts + 1,
                 last_attempt_at = v_now,
                 pid = p_pid,
@@ -143,15 +154,18 @@ BEGIN
                 metadata = p_metadata,
                 updated_at = v_now
             WHERE id = p_id AND state IN (-1, 1, 4, 6, 8);
-            SELECT number_of_attempts INTO v_attempt FROM {{ table }} WHERE id = p_id;
+            SELECT number_of_attempts INTO v_attempt
+            FROM {{ table }}
+            WHERE id = p_id;
             SET v_outcome = 'claimed', v_state = 2;
             IF v_threshold IS NOT NULL AND v_group IS NOT NULL THEN
                 UPDATE {{ table }}
                 SET state = 7, finished_at = v_now, updated_at = v_now
-                WHERE serial_group = v_group
-                  AND state IN (-1, 1, 4, 6, 8)
-                  AND id <> p_id
-                  AND coalesce_threshold >= v_threshold;
+                WHERE
+                    serial_group = v_group
+                    AND state IN (-1, 1, 4, 6, 8)
+                    AND id <> p_id
+                    AND coalesce_threshold >= v_threshold;
             END IF;
         END IF;
 

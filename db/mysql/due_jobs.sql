@@ -10,6 +10,7 @@
 -- Result: rows (id, state, queue, priority) in id order, of jobs that are due: BACK_TO_BROKER
 --   always; others when processed_by_broker = 1 or when
 --   GREATEST(created_at, last_attempt_at) + CEIL(postponed_by / 1000) s <= p_now.
+-- Fencing: none needed: read-only; every job it names is claimed or promoted by a fenced call.
 -- Locks: none (read-only); each job is then claimed one by one by {{ table }}_claim.
 -- Index: {{ table }}_state (state, id). Errors: none. Idempotent: yes.
 CREATE PROCEDURE {{ table }}_due_jobs(
@@ -22,7 +23,11 @@ READS SQL DATA
 BEGIN
     DECLARE v_now DATETIME(6) DEFAULT COALESCE(p_now, UTC_TIMESTAMP(6));
 
-    SELECT id, state, queue, priority
+    SELECT
+        id,
+        state,
+        queue,
+        priority
     FROM {{ table }}
     WHERE
         (

@@ -47,17 +47,20 @@ BEGIN
 
     IF p_state IS NULL OR p_state NOT IN (3, 4, 5, 7) THEN
         SIGNAL SQLSTATE 'BQ002'
-        SET MYSQL_ERRNO = 31002, MESSAGE_TEXT = 'bgq: finish state must be 3, 4, 5 or 7';
+            SET MYSQL_ERRNO = 31002, MESSAGE_TEXT = 'bgq: finish state must be 3, 4, 5 or 7';
     END IF;
 
-    SELECT serial_group INTO v_group FROM {{ table }} WHERE id = p_id;
+    SELECT serial_group INTO v_group
+    FROM {{ table }}
+    WHERE id = p_id;
     IF v_group IS NOT NULL THEN
         INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (v_group, v_now)
         ON DUPLICATE KEY UPDATE updated_at = v_now;
     END IF;
 
     UPDATE {{ table }}
-    SET state = p_state,
+    SET
+        state = p_state,
         error_message = p_error,
         postponed_by = p_postponed_by,
         execution_time = p_execution_time,

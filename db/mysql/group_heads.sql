@@ -8,11 +8,15 @@
 -- How: read from {{ table }}_group, whose waiting head {{ table }}_group_wake re-derives in the
 --   same transaction as every state change of a grouped job. So the cost grows with the number
 --   of groups, never with the number of waiting jobs (no scan of {{ table }}).
+-- Fencing: none needed: read-only; every job it names is claimed or promoted by a fenced call.
 -- Locks: none (read-only). Errors: none. Idempotent: yes.
 CREATE PROCEDURE {{ table }}_group_heads()
 READS SQL DATA
 BEGIN
-    SELECT serial_group, waiting_head_id AS id, waiting_head_priority AS priority
+    SELECT
+        serial_group,
+        waiting_head_id AS id,
+        waiting_head_priority AS priority
     FROM {{ table }}_group
     WHERE waiting_head_id IS NOT NULL
     ORDER BY waiting_head_id;

@@ -42,12 +42,16 @@ BEGIN
     WHERE running_group = p_group
     FOR UPDATE;
     IF v_running IS NULL THEN
-        SELECT id, state INTO v_head, v_head_state
+        -- sqlfluff's mysql dialect cannot parse FOR UPDATE after LIMIT (valid MySQL), hence the noqa.
+        SELECT
+            id,
+            state
+        INTO v_head, v_head_state
         FROM {{ table }}
         WHERE pending_group = p_group
         ORDER BY priority, id
         LIMIT 1
-        FOR UPDATE;
+        FOR UPDATE; -- noqa: PRS
         IF v_head_state = 6 THEN
             UPDATE {{ table }}
             SET state = 1, error_message = NULL, postponed_by = NULL, updated_at = v_now
@@ -56,12 +60,16 @@ BEGIN
         END IF;
     END IF;
 
-    SELECT id, priority INTO v_wait_id, v_wait_priority
+    -- sqlfluff's mysql dialect cannot parse FOR UPDATE after LIMIT (valid MySQL), hence the noqa.
+    SELECT
+        id,
+        priority
+    INTO v_wait_id, v_wait_priority
     FROM {{ table }}
     WHERE serial_group = p_group AND state = 6
     ORDER BY priority, id
     LIMIT 1
-    FOR UPDATE;
+    FOR UPDATE; -- noqa: PRS
     UPDATE {{ table }}_group
     SET waiting_head_id = v_wait_id, waiting_head_priority = v_wait_priority, updated_at = v_now
     WHERE serial_group = p_group;

@@ -24,8 +24,12 @@ BEGIN
     DECLARE v_head_priority INT DEFAULT NULL;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_result = NULL;
 
-    SELECT serial_group, priority INTO v_group, v_priority
-    FROM {{ table }} WHERE id = p_id;
+    SELECT
+        serial_group,
+        priority
+    INTO v_group, v_priority
+    FROM {{ table }}
+    WHERE id = p_id;
     IF v_group IS NULL THEN
         RETURN NULL;
     END IF;
@@ -38,12 +42,16 @@ BEGIN
         RETURN v_result;
     END IF;
 
-    SELECT id, priority INTO v_result, v_head_priority
+    -- sqlfluff's mysql dialect cannot parse FOR UPDATE after LIMIT (valid MySQL), hence the noqa.
+    SELECT
+        id,
+        priority
+    INTO v_result, v_head_priority
     FROM {{ table }}
     WHERE pending_group = v_group
     ORDER BY priority, id
     LIMIT 1
-    FOR UPDATE;
+    FOR UPDATE; -- noqa: PRS
     IF v_result IS NULL OR v_result = p_id THEN
         RETURN NULL;
     END IF;

@@ -21,13 +21,18 @@ BEGIN
     DECLARE v_group VARCHAR(255);
     DECLARE v_promoted BIGINT UNSIGNED;
     DECLARE v_ids JSON DEFAULT JSON_ARRAY();
+    -- sqlfluff's mysql dialect cannot parse FOR UPDATE after ORDER BY (valid MySQL), hence the noqa.
     DECLARE c_groups CURSOR FOR
-    SELECT g.serial_group
-    FROM {{ table }}_group AS g
-    WHERE g.waiting_head_id IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM {{ table }} AS r WHERE r.running_group = g.serial_group)
-    ORDER BY g.waiting_head_id
-    FOR UPDATE SKIP LOCKED;
+        SELECT g.serial_group
+        FROM {{ table }}_group AS g
+        WHERE
+            g.waiting_head_id IS NOT NULL
+            AND NOT EXISTS (
+                SELECT 1 FROM {{ table }} AS r
+                WHERE r.running_group = g.serial_group
+            )
+        ORDER BY g.waiting_head_id
+        FOR UPDATE SKIP LOCKED; -- noqa: PRS
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
 
     OPEN c_groups;
@@ -44,7 +49,10 @@ BEGIN
     END LOOP;
     CLOSE c_groups;
 
-    SELECT j.id, j.queue, j.priority
+    SELECT
+        j.id,
+        j.queue,
+        j.priority
     FROM JSON_TABLE(v_ids, '$[*]' COLUMNS (promoted_id BIGINT UNSIGNED PATH '$')) AS p
     INNER JOIN {{ table }} AS j ON j.id = p.promoted_id
     ORDER BY j.id;

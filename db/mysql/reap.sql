@@ -35,13 +35,16 @@ BEGIN
     DECLARE v_updated DATETIME(6);
     DECLARE v_ids JSON DEFAULT JSON_ARRAY();
     DECLARE c_stalled CURSOR FOR
-    SELECT id, updated_at
-    FROM {{ table }}
-    WHERE state = 2
-      AND updated_at < v_now - INTERVAL p_timeout_s SECOND
-      AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
-    ORDER BY id
-    LIMIT p_limit;
+        SELECT
+            id,
+            updated_at
+        FROM {{ table }}
+        WHERE
+            state = 2
+            AND updated_at < v_now - INTERVAL p_timeout_s SECOND
+            AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+        ORDER BY id
+        LIMIT p_limit;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
 
     OPEN c_stalled;
@@ -52,7 +55,8 @@ BEGIN
         END IF;
         -- error_message is assigned before updated_at: MySQL assigns left to right.
         UPDATE {{ table }}
-        SET state = 4,
+        SET
+            state = 4,
             error_message = CONCAT(
                 'Job was stalled in the processing state since ',
                 DATE_FORMAT(updated_at, '%Y-%m-%d %H:%i:%s.%f'),
@@ -67,13 +71,19 @@ BEGIN
     END LOOP;
     CLOSE c_stalled;
 
-    SELECT j.id, j.queue, j.priority, j.pid, r.stalled_since
-    FROM JSON_TABLE(
-        v_ids, '$[*]' COLUMNS (
-            reaped_id BIGINT UNSIGNED PATH '$.id',
-            stalled_since DATETIME(6) PATH '$.since'
-        )
-    ) AS r
+    SELECT
+        j.id,
+        j.queue,
+        j.priority,
+        j.pid,
+        r.stalled_since
+    FROM
+        JSON_TABLE(
+            v_ids, '$[*]' COLUMNS (
+                reaped_id BIGINT UNSIGNED PATH '$.id',
+                stalled_since DATETIME(6) PATH '$.since'
+            )
+        ) AS r
     INNER JOIN {{ table }} AS j ON j.id = r.reaped_id
     ORDER BY j.id;
 END

@@ -31,7 +31,9 @@ BEGIN
     DECLARE v_promoted BIGINT UNSIGNED DEFAULT NULL;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_found = 0;
 
-    SELECT serial_group INTO v_group FROM {{ table }} WHERE id = p_id;
+    SELECT serial_group INTO v_group
+    FROM {{ table }}
+    WHERE id = p_id;
     IF v_found = 0 THEN
         SIGNAL SQLSTATE 'BQ001' SET MYSQL_ERRNO = 31001, MESSAGE_TEXT = 'bgq: no such job';
     END IF;
@@ -39,14 +41,18 @@ BEGIN
         INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (v_group, v_now)
         ON DUPLICATE KEY UPDATE updated_at = v_now;
     END IF;
-    SELECT state INTO v_state FROM {{ table }} WHERE id = p_id FOR UPDATE;
+    SELECT state INTO v_state
+    FROM {{ table }}
+    WHERE id = p_id
+    FOR UPDATE;
     IF v_state = 2 THEN
         SIGNAL SQLSTATE 'BQ003'
-        SET MYSQL_ERRNO = 31003, MESSAGE_TEXT = 'bgq: the job is PROCESSING; its worker owns it';
+            SET MYSQL_ERRNO = 31003, MESSAGE_TEXT = 'bgq: the job is PROCESSING; its worker owns it';
     END IF;
 
     UPDATE {{ table }}
-    SET state = 1,
+    SET
+        state = 1,
         error_message = CONCAT('Requeued: ', COALESCE(p_reason, '')),
         postponed_by = NULL,
         finished_at = NULL,
@@ -56,7 +62,11 @@ BEGIN
         CALL {{ table }}_group_wake(v_group, v_now, v_promoted);
     END IF;
 
-    SELECT id, queue, priority, v_state AS previous_state
+    SELECT
+        id,
+        queue,
+        priority,
+        v_state AS previous_state
     FROM {{ table }}
     WHERE id = p_id;
 END

@@ -10,6 +10,7 @@
 -- Result: rows (id, state, queue, priority) in id order, of jobs that are due: BACK_TO_BROKER
 --   always; others when processed_by_broker = 1 or when
 --   GREATEST(created_at, last_attempt_at) + CEIL(postponed_by / 1000) s <= p_now.
+-- Fencing: none needed: read-only; every job it names is claimed or promoted by a fenced call.
 -- Locks: none (read-only, VOLATILE so that it sees the latest committed rows); each job is
 --   then claimed one by one by {{ table }}_claim.
 -- Index: {{ table }}_state (state, id). Errors: none. Idempotent: yes.

@@ -8,6 +8,7 @@
 -- How: read from {{ table }}_group, whose waiting head {{ table }}_group_wake re-derives in the
 --   same transaction as every state change of a grouped job. So the cost grows with the number
 --   of groups, never with the number of waiting jobs (no scan of {{ table }}).
+-- Fencing: none needed: read-only; every job it names is claimed or promoted by a fenced call.
 -- Locks: none (read-only, VOLATILE so that it sees the latest committed rows). Errors: none.
 --   Idempotent: yes.
 CREATE OR REPLACE FUNCTION {{ table }}_group_heads()
