@@ -49,6 +49,14 @@ REAP = Proc(
     "reap",
     (("p_queue", "varchar"), ("p_timeout_s", "integer"), ("p_limit", "integer"), ("p_now", "timestamptz")),
 )
+BROKER_FAILED = Proc("broker_failed", (("p_id", "bigint"), ("p_error", "text"), ("p_now", "timestamptz")))
+BACK_TO_BROKER = Proc(
+    "back_to_broker", (("p_queue", "varchar"), ("p_limit", "integer"), ("p_now", "timestamptz"))
+)
+LOST_MESSAGES = Proc(
+    "lost_messages",
+    (("p_queue", "varchar"), ("p_timeout_s", "integer"), ("p_limit", "integer"), ("p_now", "timestamptz")),
+)
 #: Every installed routine, in install order (schema.sql comes first).
 ALL_PROCS: tuple[Proc, ...] = (
     PREDECESSOR,
@@ -59,6 +67,9 @@ ALL_PROCS: tuple[Proc, ...] = (
     DUE_JOBS,
     REQUEUE,
     REAP,
+    BROKER_FAILED,
+    BACK_TO_BROKER,
+    LOST_MESSAGES,
 )
 #: group_wake is called by the others only, never by Python; it is installed all the same.
 INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()),)
@@ -197,6 +208,27 @@ class Procs:
     ) -> list[Reaped]:
         rows = self._call(conn, REAP, queue, timeout_s, limit, now)
         return [Reaped(**{**r, "stalled_since": _utc(r["stalled_since"])}) for r in rows]
+
+    def broker_failed(
+        self, conn: Connection, job_id: int, error: str, now: dt.datetime | None = None
+    ) -> bool:
+        """Mark a job the broker refused BROKER_FAILED; False when it no longer waited for its message."""
+        (row,) = self._call(conn, BROKER_FAILED, job_id, error, now)
+        return bool(row["changed"])
+
+    def back_to_broker(
+        self, conn: Connection, queue: str, limit: int, now: dt.datetime | None = None
+    ) -> list[JobRef]:
+        """Move the queue's BACK_TO_BROKER jobs to READY; the caller publishes the returned ones."""
+        rows = self._call(conn, BACK_TO_BROKER, queue, limit, now)
+        return [JobRef(r["id"], None, r["queue"], r["priority"]) for r in rows]
+
+    def lost_messages(
+        self, conn: Connection, queue: str, timeout_s: int, limit: int, now: dt.datetime | None = None
+    ) -> list[JobRef]:
+        """The lost-message pass: READY/TEMPORARILY_FAILED jobs to re-publish (their state unchanged)."""
+        rows = self._call(conn, LOST_MESSAGES, queue, timeout_s, limit, now)
+        return [JobRef(r["id"], r["state"], r["queue"], r["priority"]) for r in rows]
 
     # --- reads (stored procedures too, so a DBA sees the same answers) ---
 
