@@ -1,0 +1,444 @@
+"""The RabbitMQ broker (pika BlockingConnection): confirmed publishes of job ids, taken one at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+import pika
+from pika import exceptions as pe
+from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
+
+from ..errors import ConfigError
+from . import CONTROL_PRIORITY, DIE, BrokerConnectionError, BrokerError, queue_with_priority
+
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+# Connection settings used unless the URL's query string sets them ('?heartbeat=30&socket_timeout=3').
+# heartbeat=0: pika's BlockingConnection answers heartbeats only while the application is inside a
+# pika call. A worker runs its job between two take() calls and a web app idles between two publishes,
+# so with heartbeats on, the broker would drop the connection after two missed beats of any long job
+# (and the ack that follows a long job would fail). Off, the connection survives; a dead peer is found
+# by TCP keepalive (idle reads) and TCP_USER_TIMEOUT (unacknowledged writes) instead, and a connection
+# that did die in between is replaced before the next publish/take anyway.
+_CONNECTION_DEFAULTS: dict[str, Any] = {
+    "heartbeat": 0,
+    "connection_attempts": 1,
+    "socket_timeout": 5.0,  # TCP connect
+    "stack_timeout": 10.0,  # whole connection set-up (TCP + AMQP handshake)
+    "blocked_connection_timeout": 60.0,  # broker resource alarm: give up instead of waiting for ever
+    "tcp_options": {"TCP_KEEPIDLE": 60, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 6, "TCP_USER_TIMEOUT": 30_000},
+}
+
+# A lost connection or channel: worth one reconnect.
+_LOST = (pe.AMQPConnectionError, pe.ChannelClosed, pe.ChannelWrongStateError, OSError)
+
+_PROPERTIES = pika.BasicProperties(content_type="text/plain", delivery_mode=pika.DeliveryMode.Persistent)
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by '***' (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def connection_parameters(url: str, connection_name: str) -> pika.URLParameters:
+    """pika parameters for `url`, with bgq's bounded defaults for every setting the URL leaves out."""
+    try:
+        params = pika.URLParameters(url)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"Invalid RabbitMQ URL {redact(url)}: {exc}") from None
+    given = parse_qs(urlsplit(url).query)
+    for key, value in _CONNECTION_DEFAULTS.items():
+        if key not in given:
+            setattr(params, key, value)
+    if "client_properties" not in given:
+        params.client_properties = {"connection_name": connection_name}
+    return params
+
+
+class _ConfirmTimeout(Exception):
+    """The broker did not confirm a message within confirm_timeout."""
+
+
+class _Topology:
+    """Declares exchanges and queues with the configured arguments, once per name (a cache)."""
+
+    def __init__(
+        self, queue_arguments: Mapping[str, Any], per_queue_arguments: Mapping[str, Mapping]
+    ) -> None:
+        self.queue_arguments = dict(queue_arguments)
+        self.per_queue_arguments = {needle: dict(args) for needle, args in per_queue_arguments.items()}
+        self.declared: set[str] = set()
+
+    def copy(self) -> _Topology:
+        """The same arguments with an empty cache (each connection user keeps its own)."""
+        return _Topology(self.queue_arguments, self.per_queue_arguments)
+
+    def arguments_for(self, name: str) -> dict[str, Any]:
+        arguments = dict(self.queue_arguments)
+        for needle, extra in self.per_queue_arguments.items():
+            if needle in name:
+                arguments.update(extra)
+        return arguments
+
+    def ensure(self, channel: BlockingChannel, qp: str, delay_ms: int | None = None) -> None:
+        """Exchange `qp`, queue `qp` bound with key `qp`, and with `delay_ms` the TTL queue '<qp>_<ms>'."""
+        if qp not in self.declared:
+            channel.exchange_declare(qp, exchange_type="direct", durable=True, auto_delete=False)
+            self._queue(channel, qp, qp, self.arguments_for(qp))
+            self.declared.add(qp)
+        if delay_ms:
+            delay_queue = f"{qp}_{delay_ms}"
+            if delay_queue not in self.declared:
+                arguments = self.arguments_for(delay_queue)
+                arguments.update(
+                    {"x-dead-letter-exchange": qp, "x-dead-letter-routing-key": qp, "x-message-ttl": delay_ms}
+                )
+                self._queue(channel, delay_queue, qp, arguments)
+                self.declared.add(delay_queue)
+
+    def _queue(self, channel: BlockingChannel, name: str, exchange: str, arguments: dict[str, Any]) -> None:
+        channel.queue_declare(name, durable=True, exclusive=False, auto_delete=False, arguments=arguments)
+        channel.queue_bind(name, exchange, routing_key=name)
+
+    def forget(self) -> None:
+        self.declared.clear()
+
+
+def _close_quietly(resource: BlockingConnection | BlockingChannel | None) -> None:
+    if resource is None:
+        return
+    try:
+        if resource.is_open:
+            resource.close()
+    except Exception:  # it is going away either way; a dead socket may raise anything here
+        pass
+
+
+class RabbitMQ:
+    """Producer and consumer factory on one RabbitMQ server (a bgq Broker).
+
+    Every queue and exchange is durable; a message is persistent, published mandatory on a channel in
+    confirm mode, so publish() returns only once the broker stored it in a queue. `queue_arguments`
+    apply to every queue, `per_queue_arguments[needle]` to every queue whose name contains `needle`.
+    Recommended: `queue_arguments={"x-queue-type": "quorum"}` (replicated queues).
+
+    Failure handling of publish(): a lost connection or channel is closed, reconnected and the publish
+    retried once, then BrokerConnectionError. An unroutable message (its queue was deleted behind the
+    declaration cache, e.g. by an admin or a broker reset) empties the cache, re-declares and retries
+    once, then BrokerError. A nack, or no confirm within `confirm_timeout` seconds, is a BrokerError
+    at once (the connection is replaced after a timeout). A retry after an unconfirmed attempt may
+    deliver an id twice; bgq's claim is exactly-once, so that is harmless.
+
+    One instance may be shared by threads (publish is serialised by a lock); a forked child opens its
+    own connection. Consumers from consumer() have their own connection and belong to one thread.
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        queue_arguments: dict | None = None,
+        per_queue_arguments: dict[str, dict] | None = None,
+        confirm_timeout: float = 10.0,
+    ) -> None:
+        if isinstance(confirm_timeout, bool) or not (
+            isinstance(confirm_timeout, int | float) and confirm_timeout > 0
+        ):
+            raise ConfigError(
+                f"confirm_timeout must be a positive number of seconds, not {confirm_timeout!r}"
+            )
+        self.url = url
+        self._parameters = connection_parameters(url, "bgq producer")
+        self._topology = _Topology(queue_arguments or {}, per_queue_arguments or {})
+        self._confirm_timeout = float(confirm_timeout)
+        self._connection: BlockingConnection | None = None
+        self._channel: BlockingChannel | None = None
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RabbitMQ({redact(self.url)!r})"
+
+    # --- Producer ---
+
+    def publish(self, job_id: int, queue: str, priority: int, delay_ms: int | None = None) -> None:
+        if priority == CONTROL_PRIORITY:
+            raise BrokerError(
+                f"Priority {CONTROL_PRIORITY} is the control queue '{queue}_0'; jobs need 1 or more."
+            )
+        qp = queue_with_priority(queue, priority)
+        delay = int(delay_ms) if delay_ms is not None and delay_ms > 0 else None
+        self._send(qp, f"{qp}_{delay}" if delay else qp, str(job_id), delay)
+
+    def publish_die(self, queue: str) -> None:
+        qp = queue_with_priority(queue, CONTROL_PRIORITY)
+        self._send(qp, qp, DIE, None)
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def consumer(self) -> RabbitConsumer:
+        return RabbitConsumer(self.url, self._topology.copy())
+
+    # --- internals ---
+
+    def _send(self, qp: str, routing_key: str, body: str, delay_ms: int | None) -> None:
+        with self._lock:
+            failure: BrokerError | None = None
+            for _attempt in range(2):
+                try:
+                    channel = self._ensure_channel()
+                    self._topology.ensure(channel, qp, delay_ms)
+                    self._publish_confirmed(channel, qp, routing_key, body)
+                    return
+                except _ConfirmTimeout:
+                    self._drop()
+                    raise BrokerError(
+                        f"RabbitMQ did not confirm message {body!r} to {routing_key!r} "
+                        f"within {self._confirm_timeout:g} s."
+                    ) from None
+                except pe.NackError:
+                    raise BrokerError(
+                        f"RabbitMQ refused message {body!r} to {routing_key!r} (basic.nack)."
+                    ) from None
+                except pe.UnroutableError as exc:
+                    returned = exc.messages[0].method if exc.messages else None
+                    detail = f"{returned.reply_code} {returned.reply_text}" if returned else "returned"
+                    failure = BrokerError(
+                        f"RabbitMQ could not route message {body!r} to {routing_key!r} ({detail})."
+                    )
+                    self._topology.forget()
+                except pe.ChannelClosedByBroker as exc:
+                    failure = BrokerError(
+                        f"RabbitMQ closed the channel while publishing to {routing_key!r}: "
+                        f"{exc.reply_code} {exc.reply_text}"
+                    )
+                    self._channel = None
+                    self._topology.forget()
+                except _LOST as exc:
+                    failure = BrokerConnectionError(
+                        f"RabbitMQ at {redact(self.url)} is not reachable: {exc!r}"
+                    )
+                    self._drop()
+                    self._topology.forget()
+                except pe.AMQPError as exc:  # a protocol error: the connection is not to be trusted
+                    self._drop()
+                    raise BrokerError(f"RabbitMQ failed to publish to {routing_key!r}: {exc!r}") from None
+            assert failure is not None
+            raise failure
+
+    def _ensure_channel(self) -> BlockingChannel:
+        if self._pid != os.getpid():
+            # A forked child shares the parent's socket: abandon it without closing it (a close
+            # would end the parent's connection too) and open our own.
+            self._connection, self._channel, self._pid = None, None, os.getpid()
+        if self._connection is None or not self._connection.is_open:
+            self._drop()
+            self._connection = pika.BlockingConnection(self._parameters)
+        if self._channel is None or not self._channel.is_open:
+            self._channel = self._connection.channel()
+            self._channel.confirm_delivery()
+        return self._channel
+
+    def _publish_confirmed(
+        self, channel: BlockingChannel, exchange: str, routing_key: str, body: str
+    ) -> None:
+        """basic_publish, bounded by confirm_timeout.
+
+        BlockingChannel.basic_publish waits for the confirm with no limit of its own, and the timers of
+        BlockingConnection.call_later only fire in process_data_events. So the bound is an ioloop timer
+        on the underlying connection (the mechanism pika's own process_data_events(time_limit) uses);
+        it raises out of the wait, and the caller then throws the connection away.
+        """
+        connection = channel.connection
+        fired = False
+
+        def expire() -> None:
+            nonlocal fired
+            fired = True
+            raise _ConfirmTimeout()
+
+        timer = connection._impl._adapter_call_later(self._confirm_timeout, expire)
+        try:
+            channel.basic_publish(
+                exchange, routing_key, body.encode(), properties=_PROPERTIES, mandatory=True
+            )
+        finally:
+            if not fired and not connection.is_closed:
+                connection._impl._adapter_remove_timeout(timer)
+
+    def _drop(self) -> None:
+        channel, connection = self._channel, self._connection
+        self._channel = self._connection = None
+        _close_quietly(channel)
+        _close_quietly(connection)
+
+
+class RabbitDelivery:
+    """One message from RabbitConsumer.take(): ack() or reject() it; either closes its channel."""
+
+    def __init__(self, channel: BlockingChannel, delivery_tag: int, body: str, priority: int) -> None:
+        self.body = body
+        self.priority = priority
+        self._channel = channel
+        self._delivery_tag = delivery_tag
+        self._settled = False
+
+    def __repr__(self) -> str:
+        return f"RabbitDelivery(body={self.body!r}, priority={self.priority})"
+
+    def ack(self) -> None:
+        """Acknowledge and close the channel; BrokerConnectionError if the channel is gone (the broker
+        then delivers the message again, which bgq's exactly-once claim makes harmless)."""
+        if self._settled:
+            return
+        self._settled = True
+        try:
+            self._channel.basic_ack(self._delivery_tag)
+            self._channel.close()  # waits for close-ok, so the ack has been processed
+        except (pe.AMQPError, OSError) as exc:
+            _close_quietly(self._channel)
+            raise BrokerConnectionError(
+                f"Could not acknowledge message {self.body!r} ({exc!r}); RabbitMQ will deliver it again."
+            ) from None
+
+    def reject(self) -> None:
+        """Return the message to its queue and close the channel.
+
+        basic.nack(requeue) rather than basic.reject: from RabbitMQ 4.3 a reject counts as a failed
+        delivery towards a quorum queue's delivery-limit (default 20, then the message is dropped),
+        a nack does not. A lost channel returns the message as well, so errors are ignored.
+        """
+        if self._settled:
+            return
+        self._settled = True
+        with contextlib.suppress(pe.AMQPError, OSError):
+            self._channel.basic_nack(self._delivery_tag, requeue=True)
+        _close_quietly(self._channel)
+
+
+class RabbitConsumer:
+    """Takes one message at a time from '<queue>_0' and '<queue>_<p>', on a connection of its own."""
+
+    def __init__(self, url: str, topology: _Topology) -> None:
+        self.url = url
+        self._parameters = connection_parameters(url, "bgq consumer")
+        self._topology = topology
+        self._connection: BlockingConnection | None = None
+        self._channel: BlockingChannel | None = None
+        self._pid = os.getpid()
+
+    def __repr__(self) -> str:
+        return f"RabbitConsumer({redact(self.url)!r})"
+
+    def take(
+        self, queue: str, priorities: Sequence[int], timeout: float | None = None
+    ) -> RabbitDelivery | None:
+        # A delivery left unsettled by the caller goes back to its queue now.
+        _close_quietly(self._channel)
+        self._channel = None
+        wanted = [CONTROL_PRIORITY, *(p for p in priorities if p != CONTROL_PRIORITY)]
+        wanted = list(dict.fromkeys(wanted))
+        names = [queue_with_priority(queue, p) for p in wanted]
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        arrived: list[tuple[int, int, bytes]] = []  # (index in `names`, delivery tag, body)
+
+        channel, tags = self._subscribe(names, arrived)
+        connection = channel.connection
+        try:
+            while True:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                connection.process_data_events(time_limit=remaining)
+                if arrived or (deadline is not None and time.monotonic() >= deadline):
+                    break
+            if arrived:
+                connection.process_data_events(time_limit=0)  # collect what arrived together
+            for tag in tags:
+                # pika returns (basic.reject, requeue) any delivery that was not dispatched to us yet.
+                channel.basic_cancel(tag)
+            if not arrived:
+                channel.close()
+                return None
+            arrived.sort()
+            index, delivery_tag, body = arrived[0]
+            for _index, other_tag, _body in arrived[1:]:
+                # Back to their queues now, not when the chosen job is done: other workers want them.
+                channel.basic_nack(other_tag, requeue=True)
+        except (pe.AMQPError, OSError) as exc:
+            # Unacknowledged deliveries return to their queues with the channel/connection.
+            self._reset()
+            raise BrokerConnectionError(
+                f"Lost RabbitMQ at {redact(self.url)} while waiting for a message: {exc!r}"
+            ) from None
+        self._channel = channel
+        return RabbitDelivery(channel, delivery_tag, body.decode("utf-8", "replace"), wanted[index])
+
+    def close(self) -> None:
+        _close_quietly(self._channel)
+        self._channel = None
+        connection, self._connection = self._connection, None
+        _close_quietly(connection)
+
+    # --- internals ---
+
+    def _subscribe(
+        self, names: list[str], arrived: list[tuple[int, int, bytes]]
+    ) -> tuple[BlockingChannel, list]:
+        """Declare the queues, open a prefetch-1 channel and consume each queue in order (retried once)."""
+        failure: BrokerError | None = None
+        for _attempt in range(2):
+            channel = None
+            try:
+                channel = self._ensure_connection().channel()
+                for name in names:
+                    self._topology.ensure(channel, name)
+                channel.basic_qos(prefetch_count=1)  # per consumer: at most one message per queue
+                tags = []
+                for index, name in enumerate(names):
+
+                    def on_message(
+                        _ch: Any, method: Any, _props: Any, body: bytes, index: int = index
+                    ) -> None:
+                        arrived.append((index, method.delivery_tag, body))
+
+                    tags.append(channel.basic_consume(name, on_message, auto_ack=False))
+                return channel, tags
+            except pe.ChannelClosedByBroker as exc:
+                failure = BrokerError(
+                    f"RabbitMQ refused to consume {names}: {exc.reply_code} {exc.reply_text}"
+                )
+                self._topology.forget()
+                _close_quietly(channel)
+            except _LOST as exc:
+                failure = BrokerConnectionError(f"RabbitMQ at {redact(self.url)} is not reachable: {exc!r}")
+                self._reset()
+            except pe.AMQPError as exc:  # a protocol error: the connection is not to be trusted
+                self._reset()
+                raise BrokerError(f"RabbitMQ failed to consume {names}: {exc!r}") from None
+        assert failure is not None
+        raise failure
+
+    def _ensure_connection(self) -> BlockingConnection:
+        if self._pid != os.getpid():
+            self._connection, self._channel, self._pid = None, None, os.getpid()
+        # A job may run for hours between two take() calls; if the broker dropped the connection
+        # meanwhile, pika may only notice at the first I/O, which _subscribe's retry covers.
+        if self._connection is None or not self._connection.is_open:
+            self._reset()
+            self._connection = pika.BlockingConnection(self._parameters)
+        return self._connection
+
+    def _reset(self) -> None:
+        self._topology.forget()
+        self.close()

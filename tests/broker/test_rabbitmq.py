@@ -1,0 +1,410 @@
+"""bgq.broker.rabbitmq against a real RabbitMQ: publish, delay, preference, ack/reject, errors, reconnects."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from pika import exceptions as pe
+
+from bgq.broker import BrokerConnectionError, BrokerError
+from bgq.broker.rabbitmq import _Topology, connection_parameters, redact
+from bgq.errors import ConfigError
+
+from .conftest import Rabbit
+
+
+def _take(rabbit: Rabbit, broker, queue: str, priorities=(1, 2), timeout: float = 2.0):
+    return rabbit.consumer(broker).take(queue, list(priorities), timeout)
+
+
+def _kill_socket(connection) -> None:
+    """Cut the TCP connection under pika's feet, as a broker restart or a network drop would."""
+    connection._impl._transport._sock.shutdown(socket.SHUT_RDWR)
+
+
+# --- publish and take ---
+
+
+def test_publish_then_take_returns_the_id_and_the_priority(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(42, q, 2)
+    delivery = _take(rabbit, broker, q)
+    assert delivery is not None
+    assert (delivery.body, delivery.priority) == ("42", 2)
+    delivery.ack()
+    assert rabbit.count(f"{q}_2") == 0
+
+
+def test_messages_are_persistent_and_queues_and_exchanges_durable(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(7, q, 1)
+    channel = rabbit.channel()
+    method, properties, body = channel.basic_get(f"{q}_1", auto_ack=True)
+    assert body == b"7"
+    assert properties.delivery_mode == 2
+    assert properties.content_type == "text/plain"
+    assert rabbit.declare_fails(f"{q}_1", None, durable=False) == 406  # inequivalent arg 'durable'
+    assert rabbit.declare_fails(f"{q}_1", None, durable=True) is None
+    channel = rabbit.channel()
+    with pytest.raises(pe.ChannelClosedByBroker, match="durable"):
+        channel.exchange_declare(f"{q}_1", exchange_type="direct", durable=False)
+
+
+def test_priority_zero_is_refused(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    with pytest.raises(BrokerError, match="control queue"):
+        broker.publish(1, q, 0)
+
+
+def test_delayed_message_arrives_only_after_its_ttl(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    delay_queue = f"{q}_1_300"
+    rabbit.queues.add(delay_queue)
+    broker.publish(9, q, 1, delay_ms=300)
+    consumer = rabbit.consumer(broker)
+    assert consumer.take(q, [1], timeout=0.1) is None
+    assert rabbit.exists(delay_queue)
+    delivery = consumer.take(q, [1], timeout=3)
+    assert delivery is not None
+    assert (delivery.body, delivery.priority) == ("9", 1)
+    delivery.ack()
+    dead_letter = {"x-dead-letter-exchange": f"{q}_1", "x-dead-letter-routing-key": f"{q}_1"}
+    assert rabbit.declare_fails(delay_queue, {**dead_letter, "x-message-ttl": 300}) is None
+    assert rabbit.declare_fails(delay_queue, {**dead_letter, "x-message-ttl": 301}) == 406
+
+
+@pytest.mark.parametrize(("priorities", "first", "left"), [([1, 2], "1", 2), ([2, 1], "2", 1)])
+def test_the_most_preferred_queue_wins_and_the_other_message_stays(
+    rabbit: Rabbit, priorities: list[int], first: str, left: int
+) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(2, q, 2)
+    broker.publish(1, q, 1)
+    delivery = rabbit.consumer(broker).take(q, priorities, timeout=2)
+    assert delivery is not None
+    assert (delivery.body, delivery.priority) == (first, int(first))
+    delivery.ack()
+    assert rabbit.count_eventually(f"{q}_{left}", 1) == 1
+    assert rabbit.count(f"{q}_{first}") == 0
+
+
+def test_the_control_queue_beats_every_priority(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(1, q, 1)
+    broker.publish(2, q, 2)
+    broker.publish_die(q)
+    consumer = rabbit.consumer(broker)
+    delivery = consumer.take(q, [1, 2], timeout=2)
+    assert delivery is not None
+    assert (delivery.body, delivery.priority) == ("die", 0)
+    delivery.ack()
+    assert rabbit.count_eventually(f"{q}_1", 1) == 1
+    assert rabbit.count_eventually(f"{q}_2", 1) == 1
+
+
+def test_publish_die_goes_to_the_control_queue(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish_die(q)
+    assert rabbit.count(f"{q}_0") == 1
+    delivery = _take(rabbit, broker, q)
+    assert delivery is not None
+    assert (delivery.body, delivery.priority) == ("die", 0)
+    delivery.ack()
+
+
+# --- ack and reject ---
+
+
+def test_ack_removes_the_message_and_is_idempotent(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(3, q, 1)
+    consumer = rabbit.consumer(broker)
+    delivery = consumer.take(q, [1], timeout=2)
+    assert delivery is not None
+    delivery.ack()
+    delivery.ack()
+    delivery.reject()  # a no-op after ack
+    assert rabbit.count(f"{q}_1") == 0
+    assert consumer.take(q, [1], timeout=0.1) is None
+
+
+def test_reject_returns_the_message_for_another_take(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(4, q, 1)
+    consumer = rabbit.consumer(broker)
+    delivery = consumer.take(q, [1], timeout=2)
+    assert delivery is not None
+    delivery.reject()
+    delivery.reject()
+    again = rabbit.consumer(broker).take(q, [1], timeout=2)
+    assert again is not None
+    assert again.body == "4"
+    again.ack()
+
+
+def test_an_unsettled_delivery_goes_back_at_the_next_take(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(5, q, 1)
+    consumer = rabbit.consumer(broker)
+    assert consumer.take(q, [1], timeout=2) is not None
+    delivery = consumer.take(q, [1], timeout=2)
+    assert delivery is not None
+    assert delivery.body == "5"
+    delivery.ack()
+
+
+def test_the_other_prefetched_message_reaches_a_second_consumer(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(1, q, 1)
+    broker.publish(2, q, 2)
+    first = rabbit.consumer(broker).take(q, [1, 2], timeout=2)
+    assert first is not None
+    assert first.body == "1"
+    # The first job is still running (not acked): the other message is already back in its queue.
+    second = rabbit.consumer(broker).take(q, [1, 2], timeout=2)
+    assert second is not None
+    assert second.body == "2"
+    first.ack()
+    second.ack()
+    assert rabbit.count(f"{q}_1") == rabbit.count(f"{q}_2") == 0
+
+
+def test_ack_on_a_lost_connection_raises_and_the_message_comes_back(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(6, q, 1)
+    consumer = rabbit.consumer(broker)
+    delivery = consumer.take(q, [1], timeout=2)
+    assert delivery is not None
+    _kill_socket(consumer._connection)
+    with pytest.raises(BrokerConnectionError, match="acknowledge"):
+        delivery.ack()
+    delivery.ack()  # settled: idempotent, no second error
+    again = consumer.take(q, [1], timeout=2)
+    assert again is not None
+    assert again.body == "6"
+    again.ack()
+
+
+def test_reject_on_a_lost_connection_is_quiet_and_the_message_comes_back(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(8, q, 2)
+    consumer = rabbit.consumer(broker)
+    delivery = consumer.take(q, [2], timeout=2)
+    assert delivery is not None
+    _kill_socket(consumer._connection)
+    delivery.reject()
+    again = consumer.take(q, [2], timeout=None)
+    assert again is not None
+    assert (again.body, again.priority) == ("8", 2)
+    again.ack()
+
+
+# --- errors: unroutable, nack, confirm timeout, unreachable ---
+
+
+def test_a_queue_deleted_behind_the_cache_is_declared_again(rabbit: Rabbit) -> None:
+    """Decision: an unroutable message empties the declaration cache, re-declares and retries once."""
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(1, q, 1)
+    channel = rabbit.channel()
+    channel.queue_delete(f"{q}_1")
+    assert not rabbit.exists(f"{q}_1")
+    broker.publish(2, q, 1)
+    assert rabbit.count(f"{q}_1") == 1
+
+
+def test_a_message_that_stays_unroutable_raises_broker_error(rabbit: Rabbit, monkeypatch) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+
+    def exchange_only(self: _Topology, channel, qp: str, delay_ms=None) -> None:
+        channel.exchange_declare(qp, exchange_type="direct", durable=True)
+
+    monkeypatch.setattr(_Topology, "ensure", exchange_only)
+    with pytest.raises(BrokerError, match="could not route") as raised:
+        broker.publish(1, q, 1)
+    assert not isinstance(raised.value, BrokerConnectionError)
+
+
+def test_a_nacked_message_raises_broker_error(rabbit: Rabbit) -> None:
+    broker, q = (
+        rabbit.broker(queue_arguments={"x-max-length": 0, "x-overflow": "reject-publish"}),
+        rabbit.name(),
+    )
+    with pytest.raises(BrokerError, match="nack"):
+        broker.publish(1, q, 1)
+
+
+def test_a_missing_confirm_raises_broker_error_and_the_next_publish_works(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(1, q, 1)
+    broker._confirm_timeout = 1e-6  # expires before any confirm can be read
+    with pytest.raises(BrokerError, match="did not confirm"):
+        broker.publish(2, q, 1)
+    broker._confirm_timeout = 10.0
+    broker.publish(3, q, 1)
+    assert rabbit.count(f"{q}_1") in (2, 3)  # the unconfirmed one may or may not have been stored
+
+
+def test_an_unreachable_broker_raises_connection_error_quickly(rabbit: Rabbit) -> None:
+    broker = rabbit.broker("amqp://guest:s3cret@127.0.0.1:1/")
+    started = time.monotonic()
+    with pytest.raises(BrokerConnectionError) as raised:
+        broker.publish(1, "bgqt_unreachable", 1)
+    assert "127.0.0.1:1" in str(raised.value)
+    assert "s3cret" not in str(raised.value)
+    with pytest.raises(BrokerConnectionError):
+        rabbit.consumer(broker).take("bgqt_unreachable", [1], timeout=0.1)
+    assert time.monotonic() - started < 2
+
+
+def test_a_refused_declaration_is_a_broker_error(rabbit: Rabbit) -> None:
+    q = rabbit.name()
+    assert rabbit.declare_fails(f"{q}_1", {"x-max-length": 5}) is None
+    broker = rabbit.broker()
+    with pytest.raises(BrokerError, match="406") as raised:
+        broker.publish(1, q, 1)
+    assert not isinstance(raised.value, BrokerConnectionError)
+
+
+# --- queue arguments ---
+
+
+def test_per_queue_arguments_apply_to_queues_whose_name_contains_the_needle(rabbit: Rabbit) -> None:
+    broker = rabbit.broker(per_queue_arguments={"transcribe": {"x-single-active-consumer": True}})
+    transcribe, general = rabbit.name("_transcribe"), rabbit.name("_general")
+    broker.publish(1, transcribe, 1)
+    broker.publish(2, general, 1)
+    single = {"x-single-active-consumer": True}
+    assert rabbit.declare_fails(f"{transcribe}_1", single) is None
+    assert rabbit.declare_fails(f"{transcribe}_1", None) == 406
+    assert rabbit.declare_fails(f"{general}_1", None) is None
+    assert rabbit.declare_fails(f"{general}_1", single) == 406
+
+
+def test_queue_arguments_reach_every_queue_including_delay_queues(rabbit: Rabbit) -> None:
+    broker = rabbit.broker(
+        queue_arguments={"x-max-length": 1000},
+        per_queue_arguments={"_1": {"x-single-active-consumer": True}},
+    )
+    q = rabbit.name()
+    rabbit.queues.add(f"{q}_1_500")
+    broker.publish(1, q, 1, delay_ms=500)
+    broker.publish_die(q)
+    base = {"x-max-length": 1000, "x-single-active-consumer": True}
+    dead_letter = {"x-dead-letter-exchange": f"{q}_1", "x-dead-letter-routing-key": f"{q}_1"}
+    assert rabbit.declare_fails(f"{q}_1", base) is None
+    assert rabbit.declare_fails(f"{q}_1_500", {**base, **dead_letter, "x-message-ttl": 500}) is None
+    assert rabbit.declare_fails(f"{q}_0", {"x-max-length": 1000}) is None
+
+
+def test_quorum_queues_carry_messages_and_delays(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(queue_arguments={"x-queue-type": "quorum"}), rabbit.name()
+    rabbit.queues.add(f"{q}_1_300")
+    broker.publish(1, q, 1, delay_ms=300)
+    broker.publish(2, q, 2)
+    consumer = rabbit.consumer(broker)
+    delivery = consumer.take(q, [1, 2], timeout=2)
+    assert delivery is not None
+    assert delivery.body == "2"
+    delivery.ack()
+    delivery = consumer.take(q, [1, 2], timeout=3)
+    assert delivery is not None
+    assert delivery.body == "1"
+    delivery.ack()
+    assert rabbit.declare_fails(f"{q}_1", None) == 406  # it is not a classic queue
+
+
+# --- reconnects and timeouts ---
+
+
+def test_a_closed_producer_connection_is_reopened_on_the_next_publish(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(1, q, 1)
+    broker._connection.close()
+    broker.publish(2, q, 1)
+    assert rabbit.count(f"{q}_1") == 2
+
+
+def test_a_lost_producer_connection_is_reconnected_and_the_publish_retried(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(1, q, 1)
+    lost = broker._connection
+    _kill_socket(lost)
+    broker.publish(2, q, 1)
+    assert broker._connection is not lost
+    assert rabbit.count(f"{q}_1") == 2
+
+
+def test_close_then_publish_reconnects(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(1, q, 1)
+    broker.close()
+    broker.close()
+    broker.publish(2, q, 1)
+    assert rabbit.count(f"{q}_1") == 2
+
+
+def test_a_lost_consumer_connection_is_replaced_at_the_next_take(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    consumer = rabbit.consumer(broker)
+    assert consumer.take(q, [1], timeout=0.05) is None
+    _kill_socket(consumer._connection)  # e.g. the broker dropped it while a long job ran
+    broker.publish(1, q, 1)
+    delivery = consumer.take(q, [1], timeout=2)
+    assert delivery is not None
+    assert delivery.body == "1"
+    delivery.ack()
+    consumer._connection.close()
+    broker.publish(2, q, 1)
+    delivery = consumer.take(q, [1], timeout=2)
+    assert delivery is not None
+    assert delivery.body == "2"
+    delivery.ack()
+
+
+def test_take_on_an_empty_queue_times_out(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    consumer = rabbit.consumer(broker)
+    started = time.monotonic()
+    assert consumer.take(q, [1, 2], timeout=0.2) is None
+    assert 0.15 < time.monotonic() - started < 1.0
+
+
+# --- pure functions ---
+
+
+def test_connection_defaults_are_bounded_unless_the_url_sets_them() -> None:
+    params = connection_parameters("amqp://guest:guest@127.0.0.1:5672/", "bgq test")
+    assert params.heartbeat == 0
+    assert params.connection_attempts == 1
+    assert params.socket_timeout == 5.0
+    assert params.blocked_connection_timeout == 60.0
+    assert params.client_properties == {"connection_name": "bgq test"}
+    params = connection_parameters("amqp://h/?heartbeat=30&socket_timeout=2", "bgq test")
+    assert params.heartbeat == 30
+    assert params.socket_timeout == 2
+
+
+def test_redact_hides_the_password_only() -> None:
+    assert redact("amqp://guest:guest@127.0.0.1:5672/vh") == "amqp://guest:***@127.0.0.1:5672/vh"
+    assert redact("amqp://127.0.0.1/") == "amqp://127.0.0.1/"
+
+
+def test_invalid_settings_are_config_errors() -> None:
+    from bgq.broker.rabbitmq import RabbitMQ
+
+    with pytest.raises(ConfigError):
+        RabbitMQ(confirm_timeout=0)
+    with pytest.raises(ConfigError):
+        RabbitMQ("amqp://h/?heartbeat=abc")
+
+
+def test_argument_needles_match_substrings() -> None:
+    topology = _Topology({"x-queue-type": "quorum"}, {"transcribe": {"x-single-active-consumer": True}})
+    assert topology.arguments_for("app_transcribe_1") == {
+        "x-queue-type": "quorum",
+        "x-single-active-consumer": True,
+    }
+    assert topology.arguments_for("app_general_1") == {"x-queue-type": "quorum"}
