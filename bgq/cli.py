@@ -146,6 +146,57 @@ def requeue(
 
 
 @app.command()
+def consume(
+    sub_queue: Annotated[
+        str | None, typer.Argument(metavar="[QUEUE]", help="Sub-queue of the app's queue.")
+    ] = None,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", min=0, help="Messages to handle, then exit (0: until stopped).")
+    ] = 0,
+    priorities: Annotated[
+        str | None, typer.Option("--priorities", "-p", help="N, A-B, -B or A- of the configured priorities.")
+    ] = None,
+) -> None:
+    """Broker mode: take job ids from RabbitMQ and run them (SIGTERM lets the running job finish)."""
+    from .broker import parse_priorities
+    from .worker import GracefulStop
+    from .worker import consume as run_consumer
+
+    queue = load_queue()
+    assert queue is not None
+    try:
+        chosen = parse_priorities(priorities, queue.config.priorities)
+        with GracefulStop() as stop:
+            code = run_consumer(queue, sub_queue, jobs, chosen, stop)
+    except BgqError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+@app.command("reload-consumers")
+def reload_consumers(
+    number: Annotated[
+        int, typer.Argument(min=1, help="How many consumers to stop (one 'die' message each).")
+    ],
+    sub_queue: Annotated[
+        str | None, typer.Argument(metavar="[QUEUE]", help="Sub-queue of the app's queue.")
+    ] = None,
+) -> None:
+    """Send NUMBER 'die' messages: that many consumers exit (0) so the supervisor restarts them."""
+    queue = load_queue()
+    assert queue is not None
+    producer = queue.config.producer
+    if producer is None:
+        fail("reload-consumers needs a broker: configure the queue with producer=bgq.RabbitMQ(...).", code=2)
+    try:
+        for _ in range(number):
+            producer.publish_die(queue.config.queue_name(sub_queue))
+    except BgqError as exc:
+        fail(str(exc))
+    typer.echo(f"sent {number} die message(s) to {queue.config.queue_name(sub_queue)}_0")
+
+
+@app.command()
 def demo() -> None:
     """Run the canonical serial-group demo (a1 b1 c2 d1 e1 f2 g1 -> a b d e g c f).
 

@@ -6,24 +6,27 @@ import datetime as dt
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from . import outbox, runner
 from . import params as params_codec
-from . import runner
 from .config import Config, build_config
 from .db import Database
 from .errors import (
     BgqError,
     DatabaseError,
-    PriorityError,
     PublishError,
     SerializationError,
-    UnknownCallbackError,
 )
 from .install import check_installed, install
-from .procs import ClaimResult, JobRef, NewJob, Procs
+from .procs import ClaimResult, JobRef, Procs
 from .states import JobState, Mode
+from .validate import new_job
 
 _MAX_TEXT = 255
 _MAX_INT32 = 2**31 - 1
@@ -36,6 +39,8 @@ class ProcessReport:
     """What one `process()` run did."""
 
     reaped: int = 0
+    promoted: int = 0
+    republished: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
 
     def count(self, outcome: str) -> None:
@@ -123,118 +128,124 @@ class Queue:
         postpone_by: int | dt.timedelta | None = None,
         priority: int | None = None,
         coalesce_threshold: int | None = None,
+        connection: Session | Connection | None = None,
     ) -> int:
-        """Store a job and return its id. Every check runs before anything is written."""
-        job = self._new_job(
-            callback_name,
-            parameters,
-            serial_group,
-            identifier,
-            mode,
-            postpone_by,
-            priority,
-            coalesce_threshold,
-        )
-        with self.database.transaction() as conn:
-            return self.procs.insert(conn, job)
+        """Store a job and return its id. Every check runs before anything is written.
 
-    def _new_job(
-        self,
-        callback_name: Any,
-        parameters: Any,
-        serial_group: Any,
-        identifier: Any,
-        mode: Any,
-        postpone_by: Any,
-        priority: Any,
-        coalesce_threshold: Any,
-    ) -> NewJob:
-        cfg = self.config
-        if not callback_name:
-            raise PublishError('The job does not have the required parameter "callback_name" set.')
-        spec = cfg.callbacks.get(callback_name) if isinstance(callback_name, str) else None
-        if spec is None:
-            raise UnknownCallbackError(f'Callback "{callback_name}" does not exist.')
-        try:
-            mode = Mode(mode)
-        except ValueError:
-            raise PublishError(f"Unknown mode {mode!r}: use normal, unique or recurring.") from None
-        if mode is not Mode.NORMAL and not identifier:
-            raise PublishError(f'Parameter "identifier" has to be set if "mode" is {mode.value}.')
-        if coalesce_threshold is not None and not serial_group:
-            raise PublishError('Parameter "serial_group" has to be set if "coalesce_threshold" is used.')
-        if priority is None:
-            priority = spec.priority if spec.priority is not None else cfg.priorities[0]
-        if isinstance(priority, bool) or priority not in cfg.priorities:
-            raise PriorityError(
-                f"Priority {priority} for callback {callback_name} is not in available priorities: "
-                f"{','.join(map(str, cfg.priorities))}"
+        `connection`: the application's SQLAlchemy Session or Connection. The job is inserted in
+        its transaction, and in broker mode its id reaches the broker only after the outermost
+        commit (a rollback publishes nothing). Without it, bgq inserts and commits on its own.
+        """
+        job = new_job(
+            self.config, callback_name, parameters, serial_group, identifier, mode, postpone_by, priority,
+            coalesce_threshold,
+        )  # fmt: skip
+        if connection is None:
+            with self.database.transaction() as conn:
+                job_id = self.procs.insert(conn, job)
+            self._send([(job_id, job.queue, job.priority, job.postponed_by)])
+            return job_id
+        conn = connection.connection() if isinstance(connection, Session) else connection
+        if not isinstance(conn, Connection):
+            raise PublishError("connection must be a SQLAlchemy Session or Connection.")
+        if _backend(conn.dialect.name) != self.database.dialect.name:
+            raise PublishError(
+                f"connection is {conn.dialect.name}, the queue's database {self.database.dialect.name}."
             )
-        for name, value in (("serial_group", serial_group), ("identifier", identifier)):
-            if value is not None and (not isinstance(value, str) or not value or len(value) > _MAX_TEXT):
-                raise PublishError(
-                    f'Parameter "{name}" must be a non-empty string of at most {_MAX_TEXT} characters.'
-                )
-            if value is not None and value != value.rstrip():
-                # MySQL compares these PAD SPACE ('a ' = 'a'), PostgreSQL does not: refuse the ambiguity.
-                raise PublishError(f'Parameter "{name}" must not end with whitespace: {value!r}.')
-        if coalesce_threshold is not None and (
-            isinstance(coalesce_threshold, bool) or not isinstance(coalesce_threshold, int)
-        ):
-            raise PublishError('Parameter "coalesce_threshold" must be an integer.')
-        postponed_by = _milliseconds(postpone_by)
-        parameters_json, pickled = params_codec.encode(parameters, allow_pickle=cfg.allow_pickle)
-        return NewJob(
-            queue=cfg.queue_name(spec.queue),
-            priority=priority,
-            callback_name=callback_name,
-            parameters_json=parameters_json,
-            parameters=pickled,
-            serial_group=serial_group,
-            coalesce_threshold=coalesce_threshold,
-            identifier=identifier,
-            mode=mode.value,
-            postponed_by=postponed_by,
-            processed_by_broker=cfg.producer is not None,
-        )
+        job_id = self.procs.insert(conn, job)
+        if self.config.producer is not None:
+            outbox.add(connection, (job_id, job.queue, job.priority, job.postponed_by), self._send_pending)
+        return job_id
+
+    # --- the broker (no-ops in cron mode) ---
+
+    def _send(self, jobs: list[tuple[int, str, int, int | None]]) -> None:
+        """Send job ids to the broker; a failed send leaves the job BROKER_FAILED for `bgq process`."""
+        producer = self.config.producer
+        if producer is None:
+            return
+        for job_id, queue, priority, delay_ms in jobs:
+            try:
+                producer.publish(job_id, queue, priority, delay_ms or None)
+            except BgqError as exc:
+                self.log.critical(f"bgq: Publishing to the broker failed. (ID: {job_id})", exc_info=exc)
+                with self.database.transaction() as conn:
+                    self.procs.broker_failed(conn, job_id, f"{type(exc).__name__}: {exc}")
+
+    def _send_pending(self, items: list[outbox.Pending]) -> None:
+        self._send([(i.job_id, i.queue, i.priority, i.delay_ms) for i in items])
+
+    def _send_job(self, job_id: int) -> None:
+        """Send a job a procedure made ready (promoted, requeued, reaped), with its own delay."""
+        if self.config.producer is None:
+            return
+        row = self.get_job(job_id)
+        if row is not None:
+            self._send([(job_id, row["queue"], row["priority"], row["postponed_by"])])
 
     # --- processing ---
 
     def process(self) -> ProcessReport:
-        """Cron mode (`bgq process`): reap stalled jobs, then run every due job inline, in id order."""
+        """`bgq process` (cron): reap stalled jobs, run due jobs inline; in broker mode also
+        send BACK_TO_BROKER jobs, promote stuck groups' heads and re-send lost messages."""
         report = ProcessReport()
-        procs = self.procs
-        cfg = self.config
+        procs, cfg = self.procs, self.config
+        broker = cfg.producer is not None
         if cfg.stalled_job_timeout:
             with self.database.transaction() as conn:
                 reaped = procs.reap(conn, cfg.queue, cfg.stalled_job_timeout, PROCESS_LIMIT)
             for job in reaped:
                 self.log.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
+                self._send_job(job.id)
             report.reaped = len(reaped)
+        if broker:
+            with self.database.transaction() as conn:
+                released = procs.back_to_broker(conn, cfg.queue, PROCESS_LIMIT)
+            self._send([(j.id, j.queue, j.priority, None) for j in released])
         with self.database.transaction() as conn:
-            due = procs.due_jobs(conn, cfg.queue, False, PROCESS_LIMIT)
+            due = procs.due_jobs(conn, cfg.queue, broker, PROCESS_LIMIT)
         for job in due:
             if self.should_die:
                 break
+            if job.state == JobState.BACK_TO_BROKER:
+                continue  # published by back_to_broker above
             try:
                 report.count(self.process_job(job.id))
             except BgqError as exc:
                 self.log.critical(f"bgq: Unexpected error occurred. (ID: {job.id})", exc_info=exc)
                 report.count("error")
+        if broker:
+            with self.database.transaction() as conn:
+                promoted = procs.promote_waiting(conn)
+            self._send([(j.id, j.queue, j.priority, None) for j in promoted])
+            report.promoted = len(promoted)
+            if cfg.lost_message_timeout:
+                with self.database.transaction() as conn:
+                    lost = procs.lost_messages(conn, cfg.queue, cfg.lost_message_timeout, PROCESS_LIMIT)
+                for job in lost:
+                    self.log.warning(f"bgq: Lost broker message republished (ID: {job.id}).")
+                self._send([(j.id, j.queue, j.priority, None) for j in lost])
+                report.republished = len(lost)
         return report
 
-    def process_job(self, job_id: int) -> str:
+    def process_job(self, job_id: int, on_claimed: Callable[[], None] | None = None) -> str:
         """Claim one job, run its callback and write its result. Returns the claim's outcome.
 
         Outcomes: claimed (it ran), waiting, redundant, locked, missing, skipped, unexpected.
+        `on_claimed` runs once the claim (or its refusal) is committed, before the callback: a
+        consumer acknowledges its message there.
         """
         cfg = self.config
         metadata_json = None
         if cfg.on_processing_get_metadata is not None:
             metadata_json = self._metadata(job_id)
         claim = self._claim(job_id, metadata_json)
+        if on_claimed is not None:
+            on_claimed()
         if claim.promoted_id is not None:
-            self._on_ready(claim.promoted_id)
+            self._send_job(claim.promoted_id)
+        if claim.outcome == "locked" and claim.queue is not None and claim.priority is not None:
+            self._send([(job_id, claim.queue, claim.priority, None)])  # another worker holds the group
         if claim.outcome == "unexpected":
             self.log.critical(f'bgq: Unexpected state "{claim.state}". (ID: {job_id})')
         if claim.outcome != "claimed":
@@ -321,11 +332,10 @@ class Queue:
                 )
         elif outcome.state is JobState.PERMANENTLY_FAILED:
             self.log.critical(f"bgq: Permanent error occurred. (ID: {job_id})", exc_info=outcome.exception)
+        if outcome.state is JobState.TEMPORARILY_FAILED:
+            self._send([(job_id, claim.queue or cfg.queue, claim.priority or 0, outcome.postponed_by)])
         if result.promoted_id is not None:
-            self._on_ready(result.promoted_id)
-
-    def _on_ready(self, job_id: int) -> None:
-        """A job became READY inside a procedure. Cron mode finds it on the next run."""
+            self._send([(result.promoted_id, result.promoted_queue, result.promoted_priority, None)])
 
     # --- operations ---
 
@@ -333,7 +343,7 @@ class Queue:
         """The DBA's manual requeue: the job becomes READY again (not while PROCESSING)."""
         with self.database.transaction() as conn:
             job = self.procs.requeue(conn, job_id, reason)
-        self._on_ready(job.id)
+        self._send([(job.id, job.queue, job.priority, None)])
         return job
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:
@@ -342,13 +352,5 @@ class Queue:
             return self.procs.get_job(conn, job_id)
 
 
-def _milliseconds(value: int | dt.timedelta | None) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, dt.timedelta):
-        value = value // dt.timedelta(milliseconds=1)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > _MAX_INT32:
-        raise PublishError(
-            f'Parameter "postpone_by" must be 0..{_MAX_INT32} ms or a timedelta, got {value!r}.'
-        )
-    return value
+def _backend(name: str) -> str:
+    return "postgres" if name.startswith("postgres") else "mysql"

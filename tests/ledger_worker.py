@@ -98,3 +98,31 @@ def race_one(url: str, table: str, ledger: str, job_ids: list[int], barrier: Any
         barrier.wait(timeout=60)
         results.put((job_id, queue.process_job(job_id)))
     queue.close()
+
+
+def slow_ledger_job(token: str, grp: str | None = None, seconds: float = 0.0) -> None:
+    _write("start", token, grp)
+    time.sleep(seconds)
+    _write("end", token, grp)
+
+
+def consume_ledger(url: str, table: str, ledger: str, amqp_url: str, base_queue: str, jobs: int = 0) -> None:
+    """A `bgq consume` worker process: SIGTERM stops it after the running job; 'die' stops it."""
+    from bgq.broker.rabbitmq import RabbitMQ
+    from bgq.worker import GracefulStop, consume
+
+    _ledger["engine"] = sa.create_engine(url)
+    _ledger["table"] = ledger
+    queue = Queue(
+        callbacks={"ledger": ledger_job, "slow": slow_ledger_job},
+        database_url=url,
+        table_name=table,
+        queue=base_queue,
+        priorities=[1, 2, 3],
+        producer=RabbitMQ(amqp_url),
+        stalled_job_timeout=0,
+    )
+    with GracefulStop() as stop:
+        code = consume(queue, None, jobs, [1, 2, 3], stop)
+    queue.close()
+    raise SystemExit(code)

@@ -1,0 +1,135 @@
+"""Job ids published inside an application transaction, held until its outermost commit.
+
+A job inserted on the application's SQLAlchemy Session or Connection must not reach the broker
+before the row is committed (a consumer would find no row), and must never reach it if the
+transaction rolls back. The outbox keeps the ids per Session/Connection, sends them after the
+outermost commit, drops them on rollback, and drops the ids of a rolled-back savepoint only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+_KEY = "bgq_outbox"
+
+
+@dataclass(frozen=True)
+class Pending:
+    job_id: int
+    queue: str
+    priority: int
+    delay_ms: int | None
+    scope: Any  # the innermost transaction or savepoint it was published in
+
+
+Send = Callable[[list[Pending]], None]
+
+
+def add(target: Session | Connection, item_args: tuple[int, str, int, int | None], send: Send) -> None:
+    """Hold one job id on `target` until its outermost commit; `send` receives the ids then."""
+    box = _outbox(target, send)
+    box.items.append(Pending(*item_args, scope=box.current_scope()))
+
+
+class _Outbox:
+    def __init__(self, target: Session | Connection, send: Send) -> None:
+        self.target = target
+        self.send = send
+        self.items: list[Pending] = []
+        self.savepoints: list[object] = []  # Connection only: a marker per open savepoint, innermost last
+
+    def current_scope(self) -> Any:
+        if isinstance(self.target, Session):
+            return self.target.get_nested_transaction() or self.target.get_transaction()
+        return tuple(self.savepoints)
+
+    def flush(self) -> None:
+        items, self.items = self.items, []
+        if items:
+            self.send(items)
+
+    def drop(self, rolled_back: Any = None) -> None:
+        """Forget every id, or only those published inside `rolled_back` (a savepoint)."""
+        if rolled_back is None:
+            self.items = []
+        else:
+            self.items = [i for i in self.items if not _inside(i.scope, rolled_back)]
+
+
+def _inside(scope: Any, rolled_back: Any) -> bool:
+    if isinstance(rolled_back, tuple):  # Connection savepoints: a prefix of the stack
+        return scope[: len(rolled_back)] == rolled_back
+    while scope is not None:  # SessionTransaction: walk up to the root
+        if scope is rolled_back:
+            return True
+        scope = scope.parent
+    return False
+
+
+def _outbox(target: Session | Connection, send: Send) -> _Outbox:
+    box = target.info.get(_KEY)
+    if box is not None:
+        box.send = send
+        return box
+    box = _Outbox(target, send)
+    target.info[_KEY] = box
+    if isinstance(target, Session):
+        event.listen(target, "after_commit", lambda session: box.flush())
+
+        # after_soft_rollback fires for every rollback, a savepoint's included (after_rollback
+        # would fire for a savepoint too and cannot tell which transaction ended).
+        def soft_rollback(session: Session, previous: Any) -> None:
+            if previous.nested:
+                box.drop(previous)
+            elif previous.parent is None:
+                box.drop()
+
+        event.listen(target, "after_soft_rollback", soft_rollback)
+    else:
+
+        def commit(conn: Connection) -> None:
+            # SQLAlchemy fires "commit" before it commits, and has no event after it: commit the
+            # DBAPI connection here first (SQLAlchemy's own COMMIT then finds nothing to do), so
+            # no consumer can ever receive an id whose row is not committed yet.
+            conn.connection.dbapi_connection.commit()
+            box.savepoints.clear()
+            box.flush()
+
+        # SQLAlchemy names a savepoint only after firing "savepoint" (the name is None there), and
+        # savepoints end innermost first: track them by depth, each a fresh marker.
+        def savepoint(conn: Connection, name: str | None) -> None:
+            box.savepoints.append(object())
+
+        def rollback_savepoint(conn: Connection, name: str, context: Any) -> None:
+            if box.savepoints:
+                box.drop(tuple(box.savepoints))
+                box.savepoints.pop()
+
+        def release_savepoint(conn: Connection, name: str, context: Any) -> None:
+            if box.savepoints:
+                released = tuple(box.savepoints)
+                box.savepoints.pop()
+                parent = tuple(box.savepoints)
+                box.items = [
+                    Pending(i.job_id, i.queue, i.priority, i.delay_ms, parent)
+                    if _inside(i.scope, released)
+                    else i
+                    for i in box.items
+                ]
+
+        def rollback(conn: Connection) -> None:
+            box.savepoints.clear()
+            box.drop()
+
+        event.listen(target, "commit", commit)
+        event.listen(target, "rollback", rollback)
+        event.listen(target, "savepoint", savepoint)
+        event.listen(target, "rollback_savepoint", rollback_savepoint)
+        event.listen(target, "release_savepoint", release_savepoint)
+    return box

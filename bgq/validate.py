@@ -1,0 +1,87 @@
+"""Publish-time checks: every argument of Queue.publish is validated before anything is written."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from . import params as params_codec
+from .config import Config
+from .errors import PriorityError, PublishError, UnknownCallbackError
+from .procs import NewJob
+from .states import Mode
+
+_MAX_TEXT = 255
+_MAX_INT32 = 2**31 - 1
+
+
+def new_job(
+    cfg: Config,
+    callback_name: Any,
+    parameters: Any,
+    serial_group: Any,
+    identifier: Any,
+    mode: Any,
+    postpone_by: Any,
+    priority: Any,
+    coalesce_threshold: Any,
+) -> NewJob:
+    if not callback_name:
+        raise PublishError('The job does not have the required parameter "callback_name" set.')
+    spec = cfg.callbacks.get(callback_name) if isinstance(callback_name, str) else None
+    if spec is None:
+        raise UnknownCallbackError(f'Callback "{callback_name}" does not exist.')
+    try:
+        mode = Mode(mode)
+    except ValueError:
+        raise PublishError(f"Unknown mode {mode!r}: use normal, unique or recurring.") from None
+    if mode is not Mode.NORMAL and not identifier:
+        raise PublishError(f'Parameter "identifier" has to be set if "mode" is {mode.value}.')
+    if coalesce_threshold is not None and not serial_group:
+        raise PublishError('Parameter "serial_group" has to be set if "coalesce_threshold" is used.')
+    if priority is None:
+        priority = spec.priority if spec.priority is not None else cfg.priorities[0]
+    if isinstance(priority, bool) or priority not in cfg.priorities:
+        raise PriorityError(
+            f"Priority {priority} for callback {callback_name} is not in available priorities: "
+            f"{','.join(map(str, cfg.priorities))}"
+        )
+    for name, value in (("serial_group", serial_group), ("identifier", identifier)):
+        if value is not None and (not isinstance(value, str) or not value or len(value) > _MAX_TEXT):
+            raise PublishError(
+                f'Parameter "{name}" must be a non-empty string of at most {_MAX_TEXT} characters.'
+            )
+        if value is not None and value != value.rstrip():
+            # MySQL compares these PAD SPACE ('a ' = 'a'), PostgreSQL does not: refuse the ambiguity.
+            raise PublishError(f'Parameter "{name}" must not end with whitespace: {value!r}.')
+    if coalesce_threshold is not None and (
+        isinstance(coalesce_threshold, bool) or not isinstance(coalesce_threshold, int)
+    ):
+        raise PublishError('Parameter "coalesce_threshold" must be an integer.')
+    postponed_by = _milliseconds(postpone_by)
+    parameters_json, pickled = params_codec.encode(parameters, allow_pickle=cfg.allow_pickle)
+    return NewJob(
+        queue=cfg.queue_name(spec.queue),
+        priority=priority,
+        callback_name=callback_name,
+        parameters_json=parameters_json,
+        parameters=pickled,
+        serial_group=serial_group,
+        coalesce_threshold=coalesce_threshold,
+        identifier=identifier,
+        mode=mode.value,
+        postponed_by=postponed_by,
+        processed_by_broker=cfg.producer is not None,
+    )
+
+
+def _milliseconds(value: int | dt.timedelta | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.timedelta):
+        value = value // dt.timedelta(milliseconds=1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > _MAX_INT32:
+        raise PublishError(
+            f'Parameter "postpone_by" must be 0..{_MAX_INT32} ms or a timedelta, got {value!r}.'
+        )
+    return value

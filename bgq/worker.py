@@ -1,0 +1,73 @@
+"""`bgq consume`: take job ids from the broker, claim, acknowledge, run, finish; stop gracefully."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Sequence
+from types import FrameType
+
+from .broker import DIE, Consumer
+from .errors import BgqError, ConfigError
+from .queue import Queue
+
+#: Seconds one take() waits before the loop looks at its stop flag again.
+POLL_SECONDS = 1.0
+
+
+class GracefulStop:
+    """SIGTERM / SIGINT set a flag: the running callback finishes and its result is written first."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> GracefulStop:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+
+def consume(
+    queue: Queue, sub_queue: str | None, jobs: int, priorities: Sequence[int], stop: GracefulStop
+) -> int:
+    """Handle `jobs` messages (0: until stopped) and return the process exit code (0)."""
+    producer = queue.config.producer
+    if producer is None or not hasattr(producer, "consumer"):
+        raise ConfigError("consume needs a broker: configure the queue with producer=bgq.RabbitMQ(...).")
+    consumer: Consumer = producer.consumer()
+    base = queue.config.queue_name(sub_queue)
+    log = queue.log
+    handled = 0
+    try:
+        while (jobs == 0 or handled < jobs) and not stop.requested and not queue.should_die:
+            delivery = consumer.take(base, priorities, timeout=POLL_SECONDS)
+            if delivery is None:
+                continue
+            if delivery.body == DIE:
+                delivery.ack()
+                log.info("bgq: die message received; the consumer exits.")
+                return 0
+            try:
+                job_id = int(delivery.body)
+            except ValueError:
+                log.error(f"bgq: Ignoring a message that is not a job id: {delivery.body[:100]!r}")
+                delivery.ack()
+                continue
+            try:
+                queue.process_job(job_id, on_claimed=delivery.ack)
+            except BgqError as exc:  # the claim failed (database down?): give the message back
+                delivery.reject()
+                log.critical(f"bgq: Unexpected error occurred. (ID: {job_id})", exc_info=exc)
+                time.sleep(POLL_SECONDS)
+            handled += 1
+    finally:
+        consumer.close()
+    return 0

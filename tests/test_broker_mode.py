@@ -1,0 +1,365 @@
+"""Broker mode on real RabbitMQ and both dialects: publishing, promotion, process() passes, consumers."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import multiprocessing
+import os
+import signal
+import time
+import uuid
+from collections import defaultdict
+
+import pika
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+from bgq import JobState
+from tests import ledger_worker
+from tests.conftest import require_service, state_of, unique_name
+
+AMQP_URL = os.environ.get("BGQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+DELAYS = (1000, 5000, 60_000, 120_000)
+
+
+def _probe() -> None:
+    pika.BlockingConnection(pika.URLParameters(AMQP_URL + "?connection_attempts=1&socket_timeout=3")).close()
+
+
+class Rabbit:
+    """Unique queue names for one test, reading messages, and cleanup."""
+
+    def __init__(self) -> None:
+        self.base = f"bq{uuid.uuid4().hex[:8]}"
+        self.conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
+        self.channel = self.conn.channel()
+
+    def names(self) -> list[str]:
+        out = []
+        for p in range(4):
+            out.append(f"{self.base}_{p}")
+            out.extend(f"{self.base}_{p}_{d}" for d in DELAYS)
+        return out
+
+    def count(self, name: str) -> int:
+        try:
+            return self.channel.queue_declare(name, passive=True).method.message_count
+        except pika.exceptions.ChannelClosedByBroker:
+            self.channel = self.conn.channel()
+            return 0
+
+    def bodies(self, name: str) -> list[str]:
+        out = []
+        while True:
+            try:
+                method, _, body = self.channel.basic_get(name, auto_ack=True)
+            except pika.exceptions.ChannelClosedByBroker:
+                self.channel = self.conn.channel()
+                return out
+            if method is None:
+                return out
+            out.append(body.decode())
+
+    def purge(self) -> None:
+        for name in self.names():
+            self.bodies(name)
+
+    def close(self) -> None:
+        for name in self.names():
+            for delete in (self.channel.queue_delete, self.channel.exchange_delete):
+                try:
+                    delete(name)
+                except pika.exceptions.ChannelClosedByBroker:
+                    self.channel = self.conn.channel()
+        self.conn.close()
+
+
+@pytest.fixture
+def rabbit():
+    require_service("RabbitMQ", _probe)
+    target = Rabbit()
+    yield target
+    target.close()
+
+
+@pytest.fixture
+def broker_queue(make_queue, rabbit):
+    from bgq.broker.rabbitmq import RabbitMQ
+
+    def factory(**options):
+        options.setdefault("producer", RabbitMQ(AMQP_URL))
+        options.setdefault("priorities", [1, 2, 3])
+        options.setdefault("queue", rabbit.base)
+        return make_queue(**options)
+
+    return factory
+
+
+def _set(installed, job_id, **columns):
+    assignments = ", ".join(f"{k} = %s" for k in columns)
+    installed.sql(f"UPDATE {{t}} SET {assignments} WHERE id = %s", (*columns.values(), job_id))
+
+
+def _ago(**delta) -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(**delta)
+
+
+def test_checklist_11_publish_sends_the_id_to_its_priority_queue(broker_queue, rabbit, installed):
+    queue = broker_queue()
+    now = queue.publish("noop", priority=2)
+    later = queue.publish("noop", priority=1, postpone_by=5000)
+    assert rabbit.bodies(f"{rabbit.base}_2") == [str(now)]
+    assert rabbit.count(f"{rabbit.base}_1_5000") == 1  # a TTL queue that dead-letters into _1
+    assert (
+        installed.sql("SELECT processed_by_broker FROM {t} WHERE id = %s", (later,))[0]["processed_by_broker"]
+        == 1
+    )
+
+
+def test_checklist_14_15_broker_down_marks_broker_failed_and_process_runs_it(make_queue, installed, caplog):
+    from bgq.broker.rabbitmq import RabbitMQ
+
+    ran = []
+    queue = make_queue(
+        callbacks={"job": lambda: ran.append(1)}, producer=RabbitMQ("amqp://guest:guest@127.0.0.1:1/")
+    )
+    with caplog.at_level(logging.CRITICAL, logger="bgq"):
+        job = queue.publish("job")
+    row = installed.sql("SELECT state, error_message FROM {t} WHERE id = %s", (job,))[0]
+    assert row["state"] == JobState.BROKER_FAILED and row["error_message"]
+    assert "Publishing to the broker failed" in caplog.text
+    queue.process()
+    assert ran == [1] and state_of(installed, job) == JobState.FINISHED
+
+
+def test_checklist_58_finishing_job_sends_its_waiting_successor(broker_queue, rabbit, installed):
+    queue = broker_queue()
+    first = queue.publish("noop", serial_group="g")
+    second = queue.publish("noop", serial_group="g")
+    assert queue.process_job(second) == "waiting"
+    rabbit.purge()
+    queue.process_job(first)
+    row = installed.sql("SELECT state, postponed_by FROM {t} WHERE id = %s", (second,))[0]
+    assert (row["state"], row["postponed_by"]) == (JobState.READY, None)
+    assert rabbit.bodies(f"{rabbit.base}_1") == [str(second)]
+
+
+def test_checklist_32_59_temporary_failure_is_resent_delayed_and_wakes_nobody(
+    broker_queue, rabbit, installed
+):
+    def fail():
+        raise RuntimeError("later")
+
+    queue = broker_queue(callbacks={"fail": fail, "noop": lambda: None})
+    first = queue.publish("fail", serial_group="g")
+    second = queue.publish("noop", serial_group="g")
+    assert queue.process_job(second) == "waiting"
+    rabbit.purge()
+    queue.process_job(first)
+    assert state_of(installed, first) == JobState.TEMPORARILY_FAILED
+    assert state_of(installed, second) == JobState.WAITING
+    assert rabbit.count(f"{rabbit.base}_1_60000") == 1 and rabbit.bodies(f"{rabbit.base}_1") == []
+
+
+def test_checklist_60_promoting_a_non_waiting_row_sends_nothing(broker_queue, rabbit, installed):
+    queue = broker_queue()
+    running = queue.publish("noop", serial_group="g")
+    _set(installed, running, state=2)
+    rabbit.purge()
+    with installed.db.transaction() as conn:
+        assert queue.procs.promote_waiting(conn) == []
+    queue.process()
+    assert state_of(installed, running) == JobState.PROCESSING
+    assert rabbit.bodies(f"{rabbit.base}_1") == []
+
+
+def test_checklist_62_63_64_process_in_broker_mode(broker_queue, rabbit, installed):
+    queue = broker_queue(lost_message_timeout=3600)
+    back = queue.publish("noop")
+    ready = queue.publish("noop")
+    heads = []
+    for group in ("gA", "gB"):
+        blocker = queue.publish("noop", serial_group=group)
+        _set(installed, blocker, state=2)
+        waiting = [queue.publish("noop", serial_group=group, priority=p) for p in (2, 1, 3)]
+        for job in waiting:
+            assert queue.process_job(job) == "waiting"
+        _set(installed, blocker, state=3)
+        heads.append(waiting[1])
+    _set(installed, back, state=-1)
+    rabbit.purge()
+    report = queue.process()
+    assert state_of(installed, back) == JobState.READY  # 64: BACK_TO_BROKER -> READY and sent
+    assert sorted(rabbit.bodies(f"{rabbit.base}_1")) == sorted([str(back), *map(str, heads)])  # 62
+    assert report.promoted == 2 and state_of(installed, ready) == JobState.READY  # 63: READY not re-sent
+
+
+def test_checklist_82_84_lost_messages_are_resent_once(broker_queue, rabbit, installed, caplog):
+    queue = broker_queue(lost_message_timeout=3600)
+    lost, fresh, backoff = (queue.publish("noop") for _ in range(3))
+    _set(installed, lost, updated_at=_ago(hours=2), created_at=_ago(hours=2))
+    _set(
+        installed,
+        backoff,
+        state=4,
+        updated_at=_ago(hours=2),
+        last_attempt_at=_ago(seconds=1),
+        postponed_by=600_000,
+    )
+    rabbit.purge()
+    with caplog.at_level(logging.WARNING, logger="bgq"):
+        assert queue.process().republished == 1
+        assert queue.process().republished == 0
+    assert rabbit.bodies(f"{rabbit.base}_1") == [str(lost)]
+    assert f"Lost broker message republished (ID: {lost})" in caplog.text
+    assert installed.sql("SELECT state, postponed_by FROM {t} WHERE id = %s", (lost,))[0] == {
+        "state": 1,
+        "postponed_by": None,
+    }
+    assert state_of(installed, fresh) == 1
+
+
+def test_checklist_12_13_session_publishes_after_commit_and_rollback_publishes_nothing(
+    broker_queue, rabbit, installed
+):
+    queue = broker_queue()
+    engine = create_engine(installed.url)
+    try:
+        with Session(engine) as session:
+            committed = queue.publish("noop", connection=session)
+            assert rabbit.bodies(f"{rabbit.base}_1") == []  # nothing before the commit
+            session.commit()
+        assert rabbit.bodies(f"{rabbit.base}_1") == [str(committed)]
+        with Session(engine) as session:
+            rolled_back = queue.publish("noop", connection=session)
+            session.rollback()
+        with Session(engine) as session:  # nested: only the savepoint's job is forgotten
+            outer = queue.publish("noop", connection=session)
+            savepoint = session.begin_nested()
+            queue.publish("noop", connection=session)
+            savepoint.rollback()
+            session.commit()
+        assert rabbit.bodies(f"{rabbit.base}_1") == [str(outer)]
+        assert state_of(installed, rolled_back) is None
+    finally:
+        engine.dispose()
+
+
+def test_checklist_12_13_connection_publishes_after_commit(broker_queue, rabbit, installed):
+    queue = broker_queue()
+    engine = create_engine(installed.url)
+    try:
+        with engine.connect() as conn:
+            first = queue.publish("noop", connection=conn)
+            assert rabbit.bodies(f"{rabbit.base}_1") == []
+            conn.commit()
+            assert rabbit.bodies(f"{rabbit.base}_1") == [str(first)]
+            assert state_of(installed, first) == JobState.READY  # committed before it was sent
+            queue.publish("noop", connection=conn)
+            conn.rollback()
+            nested_outer = queue.publish("noop", connection=conn)
+            savepoint = conn.begin_nested()
+            queue.publish("noop", connection=conn)
+            savepoint.rollback()
+            conn.commit()
+        assert rabbit.bodies(f"{rabbit.base}_1") == [str(nested_outer)]
+    finally:
+        engine.dispose()
+
+
+def _start_consumers(installed, ledger, base, count):
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(
+            target=ledger_worker.consume_ledger, args=(installed.url, installed.table, ledger, AMQP_URL, base)
+        )
+        for _ in range(count)
+    ]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def _wait_for(predicate, seconds=60.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_seed_6_canonical_order_through_the_broker_with_two_consumers(broker_queue, rabbit, installed):
+    """Seed Test 6 / checklists 52, 53, 98, 99: two consumer processes, order a b d e g c f,
+    never two jobs of the group at once; `reload-consumers 2` (die messages) stops both with 0."""
+    ledger = unique_name("ledger")
+    ledger_worker.create_ledger(installed.url, ledger)
+    try:
+        queue = broker_queue(callbacks={"ledger": ledger_worker.ledger_job})
+        ids = [
+            queue.publish("ledger", [m[0], "demo"], serial_group="demo", priority=int(m[1]))
+            for m in ("a1", "b1", "c2", "d1", "e1", "f2", "g1")
+        ]
+        procs = _start_consumers(installed, ledger, rabbit.base, 2)
+        try:
+            assert _wait_for(lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids))
+            for _ in range(2):
+                queue.config.producer.publish_die(rabbit.base)
+            for p in procs:
+                p.join(30)
+                assert p.exitcode == 0
+        finally:
+            for p in procs:
+                p.kill() if p.is_alive() else None
+        events = ledger_worker.read_ledger(installed.url, ledger)
+    finally:
+        ledger_worker.drop_ledger(installed.url, ledger)
+    assert [token for _, token, _, event in events if event == "start"] == list("abdegcf")
+    for i in range(0, len(events), 2):
+        assert events[i][3] == "start" and events[i + 1][3] == "end" and events[i][1] == events[i + 1][1]
+
+
+def test_sigterm_lets_the_running_job_finish_and_write_its_result(broker_queue, rabbit, installed):
+    ledger = unique_name("ledger")
+    ledger_worker.create_ledger(installed.url, ledger)
+    try:
+        queue = broker_queue(callbacks={"slow": ledger_worker.slow_ledger_job})
+        job = queue.publish("slow", ["s", None, 2.0])
+        (proc,) = _start_consumers(installed, ledger, rabbit.base, 1)
+        assert _wait_for(lambda: ledger_worker.read_ledger(installed.url, ledger) != [])
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.join(30)
+        assert proc.exitcode == 0
+        assert state_of(installed, job) == JobState.FINISHED
+        assert [e[3] for e in ledger_worker.read_ledger(installed.url, ledger)] == ["start", "end"]
+    finally:
+        ledger_worker.drop_ledger(installed.url, ledger)
+
+
+def test_a_killed_consumer_does_not_get_its_job_run_twice(broker_queue, rabbit, installed):
+    """Checklist 86: the message is acknowledged once the claim commits, so killing the consumer (and
+    with it its AMQP connection) mid-job redelivers nothing; the job waits for the reaper."""
+    ledger = unique_name("ledger")
+    ledger_worker.create_ledger(installed.url, ledger)
+    try:
+        queue = broker_queue(callbacks={"slow": ledger_worker.slow_ledger_job})
+        job = queue.publish("slow", ["k", None, 5.0])
+        (victim,) = _start_consumers(installed, ledger, rabbit.base, 1)
+        assert _wait_for(lambda: ledger_worker.read_ledger(installed.url, ledger) != [])
+        victim.kill()
+        victim.join(10)
+        (survivor,) = _start_consumers(installed, ledger, rabbit.base, 1)
+        time.sleep(3)
+        starts = defaultdict(int)
+        for _, token, _, event in ledger_worker.read_ledger(installed.url, ledger):
+            starts[(token, event)] += 1
+        assert starts == {("k", "start"): 1}
+        assert state_of(installed, job) == JobState.PROCESSING
+        assert rabbit.count(f"{rabbit.base}_1") == 0
+        survivor.terminate()
+        survivor.join(30)
+        assert survivor.exitcode == 0
+    finally:
+        ledger_worker.drop_ledger(installed.url, ledger)
