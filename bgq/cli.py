@@ -197,7 +197,15 @@ def reload_consumers(
 
 
 @app.command()
-def demo() -> None:
+def demo(
+    broker: Annotated[
+        str | None,
+        typer.Option(
+            "--broker",
+            help="Run through RabbitMQ with two consumers, e.g. amqp://guest:guest@127.0.0.1:5672/",
+        ),
+    ] = None,
+) -> None:
     """Run the canonical serial-group demo (a1 b1 c2 d1 e1 f2 g1 -> a b d e g c f).
 
     Uses --database-url / BGQ_DATABASE_URL if set, else an embedded PostgreSQL.
@@ -205,7 +213,7 @@ def demo() -> None:
     from .demo import EXPECTED, run_demo
 
     try:
-        ran = run_demo(state.database_url)
+        ran = run_demo(state.database_url, broker)
     except BgqError as exc:
         fail(str(exc))
     if ran != EXPECTED:

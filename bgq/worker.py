@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections.abc import Sequence
 from types import FrameType
 
-from .broker import DIE, Consumer
+from .broker import DIE, BrokerError, Consumer, Delivery
 from .errors import BgqError, ConfigError
 from .queue import Queue
 
@@ -48,7 +49,12 @@ def consume(
     handled = 0
     try:
         while (jobs == 0 or handled < jobs) and not stop.requested and not queue.should_die:
-            delivery = consumer.take(base, priorities, timeout=POLL_SECONDS)
+            try:
+                delivery = consumer.take(base, priorities, timeout=POLL_SECONDS)
+            except BrokerError as exc:  # the next take() reconnects
+                log.error(f"bgq: The broker connection failed; reconnecting. ({exc})")
+                time.sleep(POLL_SECONDS)
+                continue
             if delivery is None:
                 continue
             if delivery.body == DIE:
@@ -62,7 +68,7 @@ def consume(
                 delivery.ack()
                 continue
             try:
-                queue.process_job(job_id, on_claimed=delivery.ack)
+                queue.process_job(job_id, on_claimed=lambda d=delivery: _ack(d, log))
             except BgqError as exc:  # the claim failed (database down?): give the message back
                 delivery.reject()
                 log.critical(f"bgq: Unexpected error occurred. (ID: {job_id})", exc_info=exc)
@@ -71,3 +77,13 @@ def consume(
     finally:
         consumer.close()
     return 0
+
+
+def _ack(delivery: Delivery, log: logging.Logger | logging.LoggerAdapter) -> None:
+    """Acknowledge after the claim committed. If that fails the broker redelivers the id, and the
+    claim already decided who runs the job: the duplicate is 'unexpected' or 'skipped' and is
+    dropped, so the job still runs exactly once. A failed ack never stops this job."""
+    try:
+        delivery.ack()
+    except BrokerError as exc:
+        log.warning(f"bgq: Acknowledging a message failed; its duplicate will be dropped. ({exc})")

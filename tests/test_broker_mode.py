@@ -8,93 +8,14 @@ import multiprocessing
 import os
 import signal
 import time
-import uuid
 from collections import defaultdict
 
-import pika
-import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from bgq import JobState
 from tests import ledger_worker
-from tests.conftest import require_service, state_of, unique_name
-
-AMQP_URL = os.environ.get("BGQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-DELAYS = (1000, 5000, 60_000, 120_000)
-
-
-def _probe() -> None:
-    pika.BlockingConnection(pika.URLParameters(AMQP_URL + "?connection_attempts=1&socket_timeout=3")).close()
-
-
-class Rabbit:
-    """Unique queue names for one test, reading messages, and cleanup."""
-
-    def __init__(self) -> None:
-        self.base = f"bq{uuid.uuid4().hex[:8]}"
-        self.conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-        self.channel = self.conn.channel()
-
-    def names(self) -> list[str]:
-        out = []
-        for p in range(4):
-            out.append(f"{self.base}_{p}")
-            out.extend(f"{self.base}_{p}_{d}" for d in DELAYS)
-        return out
-
-    def count(self, name: str) -> int:
-        try:
-            return self.channel.queue_declare(name, passive=True).method.message_count
-        except pika.exceptions.ChannelClosedByBroker:
-            self.channel = self.conn.channel()
-            return 0
-
-    def bodies(self, name: str) -> list[str]:
-        out = []
-        while True:
-            try:
-                method, _, body = self.channel.basic_get(name, auto_ack=True)
-            except pika.exceptions.ChannelClosedByBroker:
-                self.channel = self.conn.channel()
-                return out
-            if method is None:
-                return out
-            out.append(body.decode())
-
-    def purge(self) -> None:
-        for name in self.names():
-            self.bodies(name)
-
-    def close(self) -> None:
-        for name in self.names():
-            for delete in (self.channel.queue_delete, self.channel.exchange_delete):
-                try:
-                    delete(name)
-                except pika.exceptions.ChannelClosedByBroker:
-                    self.channel = self.conn.channel()
-        self.conn.close()
-
-
-@pytest.fixture
-def rabbit():
-    require_service("RabbitMQ", _probe)
-    target = Rabbit()
-    yield target
-    target.close()
-
-
-@pytest.fixture
-def broker_queue(make_queue, rabbit):
-    from bgq.broker.rabbitmq import RabbitMQ
-
-    def factory(**options):
-        options.setdefault("producer", RabbitMQ(AMQP_URL))
-        options.setdefault("priorities", [1, 2, 3])
-        options.setdefault("queue", rabbit.base)
-        return make_queue(**options)
-
-    return factory
+from tests.conftest import AMQP_URL, state_of, unique_name
 
 
 def _set(installed, job_id, **columns):

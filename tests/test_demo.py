@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import AMQP_URL, probe_rabbitmq, require_service
+
 BGQ = shutil.which("bgq", path=str(Path(sys.executable).parent)) or "bgq"
 
 
 def _run_demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([BGQ, *args, "demo"], env=env, capture_output=True, text=True, timeout=240)
+    command = [BGQ, *args] if "demo" in args else [BGQ, *args, "demo"]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
 
 
 def test_demo_runs_on_the_embedded_default(tmp_path):
@@ -32,4 +35,12 @@ def test_demo_runs_on_the_embedded_default(tmp_path):
 def test_demo_runs_on_a_configured_server(db_url):
     result = _run_demo(dict(os.environ), "--database-url", db_url)
     assert result.returncode == 0, result.stderr
+    assert "the group ran in the order: a b d e g c f" in result.stdout
+
+
+def test_demo_runs_through_the_broker_with_two_consumers(db_url):
+    require_service("RabbitMQ", probe_rabbitmq)
+    result = _run_demo(dict(os.environ), "--database-url", db_url, "demo", "--broker", AMQP_URL)
+    assert result.returncode == 0, result.stderr
+    assert "2 consumers" in result.stdout
     assert "the group ran in the order: a b d e g c f" in result.stdout
