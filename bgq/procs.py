@@ -34,6 +34,7 @@ FINISH = Proc(
         ("p_postponed_by", "integer"),
         ("p_execution_time", "integer"),
         ("p_memory", "text"),
+        ("p_clone_delay_ms", "integer"),
         ("p_now", "timestamptz"),
     ),
 )
@@ -115,6 +116,7 @@ class FinishResult:
     promoted_id: int | None
     promoted_queue: str | None
     promoted_priority: int | None
+    clone_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -180,16 +182,18 @@ class Procs:
     def finish(
         self, conn: Connection, job_id: int, attempt: int, state: int, error: str | None,
         postponed_by: int | None, execution_time: int | None, memory_json: str | None,
-        now: dt.datetime | None = None,
+        now: dt.datetime | None = None, *, clone_delay_ms: int | None = None,
     ) -> FinishResult:  # fmt: skip
         (row,) = self._call(
-            conn, FINISH, job_id, attempt, state, error, postponed_by, execution_time, memory_json, now
-        )
+            conn, FINISH, job_id, attempt, state, error, postponed_by, execution_time, memory_json,
+            clone_delay_ms, now,
+        )  # fmt: skip
         return FinishResult(
             finished=bool(row["finished"]),
             promoted_id=row["promoted_id"],
             promoted_queue=row["promoted_queue"],
             promoted_priority=row["promoted_priority"],
+            clone_id=row["clone_id"],
         )
 
     def promote_waiting(self, conn: Connection, now: dt.datetime | None = None) -> list[JobRef]:
@@ -253,14 +257,37 @@ class Procs:
         marks = ", ".join(["%s"] * len(_INSERT_COLUMNS))
         now = self.db.dialect.now_sql()
         sql = f"INSERT INTO {self.table} ({cols}, created_at, updated_at) VALUES ({marks}, {now}, {now})"
-        values = (
-            job.queue, job.priority, job.callback_name, job.parameters, job.parameters_json, 1, 0,
-            job.serial_group, job.coalesce_threshold, job.identifier, job.mode, job.postponed_by,
-            int(job.processed_by_broker),
-        )  # fmt: skip
+        values = _insert_values(job)
         if self.db.dialect.name == "postgres":
             return conn.exec_driver_sql(sql + " RETURNING id", values).scalar_one()
         return conn.exec_driver_sql(sql, values).lastrowid
+
+    def insert_many(self, conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
+        """Insert READY jobs with one multi-row INSERT; return their ids in the order of `jobs`.
+
+        PostgreSQL: the identity values of one INSERT ascend in row order, so the sorted RETURNING
+        ids map to the rows by position. MySQL: InnoDB gives one INSERT ... VALUES consecutive ids
+        (stepping by auto_increment_increment) under innodb_autoinc_lock_mode 0 or 1; under 2
+        (interleaved) that is not documented, so each row is inserted on its own.
+        """
+        if not jobs:
+            return []
+        cols = ", ".join(_INSERT_COLUMNS)
+        now = self.db.dialect.now_sql()
+        row = "(" + ", ".join(["%s"] * len(_INSERT_COLUMNS)) + f", {now}, {now})"
+        values = [v for job in jobs for v in _insert_values(job)]
+        sql = f"INSERT INTO {self.table} ({cols}, created_at, updated_at) VALUES " + ", ".join(
+            [row] * len(jobs)
+        )
+        if self.db.dialect.name == "postgres":
+            return sorted(r[0] for r in conn.exec_driver_sql(sql + " RETURNING id", tuple(values)).all())
+        mode, step = conn.exec_driver_sql(
+            "SELECT @@innodb_autoinc_lock_mode, @@auto_increment_increment"
+        ).one()
+        if int(mode) == 2:
+            return [self.insert(conn, job) for job in jobs]
+        first = conn.exec_driver_sql(sql, tuple(values)).lastrowid
+        return [first + i * int(step) for i in range(len(jobs))]
 
     def get_job(self, conn: Connection, job_id: int) -> dict[str, Any] | None:
         """The job's row as a dict (for people and tests), or None."""
@@ -292,6 +319,15 @@ class Procs:
         """Empty the jobs and group tables (the demo's own table, and tests)."""
         conn.exec_driver_sql(f"DELETE FROM {self.table}")
         conn.exec_driver_sql(f"DELETE FROM {self.table}_group")
+
+
+def _insert_values(job: NewJob) -> tuple[Any, ...]:
+    """A new job's values in the order of _INSERT_COLUMNS (state READY, no attempts yet)."""
+    return (
+        job.queue, job.priority, job.callback_name, job.parameters, job.parameters_json, 1, 0,
+        job.serial_group, job.coalesce_threshold, job.identifier, job.mode, job.postponed_by,
+        int(job.processed_by_broker),
+    )  # fmt: skip
 
 
 def _utc(value: dt.datetime) -> dt.datetime:

@@ -6,7 +6,8 @@ import datetime as dt
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ from .errors import (
     SerializationError,
 )
 from .install import check_installed, install
-from .procs import ClaimResult, JobRef, Procs
+from .procs import ClaimResult, JobRef, NewJob, Procs
 from .states import JobState, Mode
 from .validate import new_job
 
@@ -45,6 +46,14 @@ class ProcessReport:
 
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+@dataclass
+class _Bulk:
+    """Jobs published since start_bulk(): those not inserted yet, and the ids of those inserted."""
+
+    jobs: list[NewJob] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
 
 
 class Queue:
@@ -78,6 +87,7 @@ class Queue:
         self._db: Database | None = None
         self._procs: Procs | None = None
         self.should_die = False
+        self._bulk: _Bulk | None = None
 
     # --- connection ---
 
@@ -129,17 +139,23 @@ class Queue:
         priority: int | None = None,
         coalesce_threshold: int | None = None,
         connection: Session | Connection | None = None,
-    ) -> int:
+    ) -> int | None:
         """Store a job and return its id. Every check runs before anything is written.
 
         `connection`: the application's SQLAlchemy Session or Connection. The job is inserted in
         its transaction, and in broker mode its id reaches the broker only after the outermost
         commit (a rollback publishes nothing). Without it, bgq inserts and commits on its own.
+        Between start_bulk() and end_bulk() it returns None: end_bulk() returns the ids.
         """
         job = new_job(
             self.config, callback_name, parameters, serial_group, identifier, mode, postpone_by, priority,
             coalesce_threshold,
         )  # fmt: skip
+        if connection is None and self._bulk is not None:
+            self._bulk.jobs.append(job)
+            if len(self._bulk.jobs) >= self.config.bulk_size:
+                self._flush_bulk()
+            return None
         if connection is None:
             with self.database.transaction() as conn:
                 job_id = self.procs.insert(conn, job)
@@ -156,6 +172,46 @@ class Queue:
         if self.config.producer is not None:
             outbox.add(connection, (job_id, job.queue, job.priority, job.postponed_by), self._send_pending)
         return job_id
+
+    # --- bulk publishing ---
+
+    def start_bulk(self) -> None:
+        """Buffer publish() calls; every `bulk_size` jobs go in one multi-row INSERT."""
+        if self._bulk is None:
+            self._bulk = _Bulk()
+
+    def end_bulk(self) -> list[int]:
+        """Insert what is buffered and return the ids of every job published since start_bulk()."""
+        if self._bulk is None:
+            return []
+        try:
+            self._flush_bulk()
+            return self._bulk.ids
+        finally:
+            self._bulk = None
+
+    @contextmanager
+    def bulk(self) -> Iterator[_Bulk]:
+        """`with queue.bulk() as batch: ...` then `batch.ids`; an exception inside inserts nothing more."""
+        self.start_bulk()
+        batch = self._bulk
+        assert batch is not None
+        try:
+            yield batch
+        except BaseException:
+            self._bulk = None
+            raise
+        self.end_bulk()
+
+    def _flush_bulk(self) -> None:
+        batch = self._bulk
+        if batch is None or not batch.jobs:
+            return
+        jobs, batch.jobs = batch.jobs, []
+        with self.database.transaction() as conn:
+            ids = self.procs.insert_many(conn, jobs)
+        batch.ids.extend(ids)
+        self._send([(i, j.queue, j.priority, j.postponed_by) for i, j in zip(ids, jobs, strict=True)])
 
     # --- the broker (no-ops in cron mode) ---
 
@@ -302,6 +358,10 @@ class Queue:
     def _finish(self, job_id: int, claim: ClaimResult, outcome: runner.Outcome) -> None:
         cfg = self.config
         memory = json.dumps(outcome.memory) if outcome.memory is not None else None
+        # A RECURRING job that finished (a Skip too) and a WaitingException both leave a fresh copy,
+        # due after waiting_job_expiration; the finish procedure inserts it in the same transaction.
+        recurring_done = claim.mode == Mode.RECURRING and outcome.state is JobState.FINISHED
+        clone_delay = cfg.waiting_job_expiration if (outcome.clone or recurring_done) else None
         result = None
         for wait in (0, 1, 2, 4, 8):  # the callback has run: try hard to write its result
             time.sleep(wait)
@@ -309,7 +369,7 @@ class Queue:
                 with self.database.transaction() as conn:
                     result = self.procs.finish(
                         conn, job_id, claim.attempt or 0, int(outcome.state), outcome.error,
-                        outcome.postponed_by, outcome.execution_time, memory,
+                        outcome.postponed_by, outcome.execution_time, memory, clone_delay_ms=clone_delay,
                     )  # fmt: skip
                 break
             except BgqError as exc:
@@ -336,6 +396,8 @@ class Queue:
             self._send([(job_id, claim.queue or cfg.queue, claim.priority or 0, outcome.postponed_by)])
         if result.promoted_id is not None:
             self._send([(result.promoted_id, result.promoted_queue, result.promoted_priority, None)])
+        if result.clone_id is not None:
+            self._send([(result.clone_id, claim.queue or cfg.queue, claim.priority or 0, clone_delay)])
 
     # --- operations ---
 

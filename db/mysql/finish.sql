@@ -2,7 +2,7 @@
 --
 -- Contract
 --   CALL {{ table }}_finish(p_id, p_attempt, p_state, p_error, p_postponed_by,
---                           p_execution_time, p_memory, p_now)
+--                           p_execution_time, p_memory, p_clone_delay_ms, p_now)
 --   p_id              the job.
 --   p_attempt         the claim token returned by {{ table }}_claim (its `attempt`).
 --   p_state           the outcome: 3 FINISHED, 4 TEMPORARILY_FAILED, 5 PERMANENTLY_FAILED or
@@ -11,11 +11,19 @@
 --   p_postponed_by    ms before the job may run again (the backoff of a temporary failure).
 --   p_execution_time  ms the callback took (NULL when it did not succeed).
 --   p_memory          JSON {"before": ..., "after": ...} (NULL when it did not succeed).
+--   p_clone_delay_ms  NULL, or: publish a fresh copy of the job (same callback, parameters,
+--                     queue, priority, group, identifier, mode, coalesce_threshold; READY,
+--                     attempts 0) due after this many ms, unless an unfinished job (not 3, 5,
+--                     7) of the same identifier exists. Used for RECURRING jobs that finished
+--                     and for WaitingException. A FINISHED RECURRING job's own row is then
+--                     deleted, so one row per identifier remains.
 --   p_now             the clock (DATETIME(6), UTC); NULL means UTC_TIMESTAMP(6).
 -- Result: exactly one row
 --   finished           1 if the result was written, 0 if the caller no longer owns the job.
 --   promoted_id        the group's WAITING head that this finish moved to READY, or NULL.
 --   promoted_queue, promoted_priority: where to publish promoted_id in broker mode.
+--   clone_id           the copy inserted for p_clone_delay_ms, or NULL (it has the job's queue
+--                      and priority; publish it with delay p_clone_delay_ms in broker mode).
 -- Steps: a grouped job locks its group row first; the job is updated only while it is still
 --   PROCESSING under the caller's claim; finished_at is set for FINISHED and REDUNDANT; then
 --   {{ table }}_group_wake promotes the group's WAITING head when nothing blocks it any more
@@ -35,6 +43,7 @@ CREATE PROCEDURE {{ table }}_finish(
     IN p_postponed_by INT,
     IN p_execution_time INT,
     IN p_memory LONGTEXT,
+    IN p_clone_delay_ms INT,
     IN p_now DATETIME(6)
 )
 MODIFIES SQL DATA
@@ -43,6 +52,10 @@ BEGIN
     DECLARE v_group VARCHAR(255) DEFAULT NULL;
     DECLARE v_finished INT DEFAULT 0;
     DECLARE v_promoted BIGINT UNSIGNED DEFAULT NULL;
+    DECLARE v_clone BIGINT UNSIGNED DEFAULT NULL;
+    DECLARE v_identifier VARCHAR(255) DEFAULT NULL;
+    DECLARE v_queue VARCHAR(255) DEFAULT NULL;
+    DECLARE v_mode VARCHAR(16) DEFAULT NULL;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
 
     IF p_state IS NULL OR p_state NOT IN (3, 4, 5, 7) THEN
@@ -70,6 +83,52 @@ BEGIN
     WHERE id = p_id AND state = 2 AND number_of_attempts = p_attempt;
     SET v_finished = ROW_COUNT();
 
+    IF v_finished > 0 AND p_clone_delay_ms IS NOT NULL THEN
+        SELECT
+            identifier,
+            queue,
+            mode
+        INTO v_identifier, v_queue, v_mode
+        FROM {{ table }}
+        WHERE id = p_id;
+        IF v_identifier IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {{ table }}
+            WHERE
+                identifier = v_identifier
+                AND queue = v_queue
+                AND state NOT IN (3, 5, 7)
+        ) THEN
+            INSERT INTO {{ table }} (
+                queue, priority, callback_name, parameters, parameters_json, state, created_at,
+                number_of_attempts, serial_group, coalesce_threshold, identifier, mode,
+                postponed_by, processed_by_broker, updated_at
+            )
+            SELECT
+                queue,
+                priority,
+                callback_name,
+                parameters,
+                parameters_json,
+                1 AS state,
+                v_now AS created_at,
+                0 AS number_of_attempts,
+                serial_group,
+                coalesce_threshold,
+                identifier,
+                mode,
+                p_clone_delay_ms AS postponed_by,
+                processed_by_broker,
+                v_now AS updated_at
+            FROM {{ table }}
+            WHERE id = p_id;
+            SET v_clone = LAST_INSERT_ID();
+        END IF;
+        IF v_mode = 'recurring' AND p_state = 3 THEN
+            DELETE FROM {{ table }}
+            WHERE id = p_id;
+        END IF;
+    END IF;
+
     IF v_finished > 0 AND v_group IS NOT NULL THEN
         CALL {{ table }}_group_wake(v_group, v_now, v_promoted);
     END IF;
@@ -78,7 +137,8 @@ BEGIN
         v_finished AS finished,
         v_promoted AS promoted_id,
         p.queue AS promoted_queue,
-        p.priority AS promoted_priority
+        p.priority AS promoted_priority,
+        v_clone AS clone_id
     FROM (SELECT v_promoted AS id) AS k
     LEFT JOIN {{ table }} AS p ON p.id = k.id;
 END

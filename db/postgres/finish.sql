@@ -2,7 +2,7 @@
 --
 -- Contract
 --   SELECT * FROM {{ table }}_finish(p_id, p_attempt, p_state, p_error, p_postponed_by,
---                                    p_execution_time, p_memory, p_now)
+--                                    p_execution_time, p_memory, p_clone_delay_ms, p_now)
 --   p_id              the job.
 --   p_attempt         the claim token returned by {{ table }}_claim (its `attempt`).
 --   p_state           the outcome: 3 FINISHED, 4 TEMPORARILY_FAILED, 5 PERMANENTLY_FAILED or
@@ -16,6 +16,8 @@
 --   finished           1 if the result was written, 0 if the caller no longer owns the job.
 --   promoted_id        the group's WAITING head that this finish moved to READY, or NULL.
 --   promoted_queue, promoted_priority: where to publish promoted_id in broker mode.
+--   clone_id           the copy inserted for p_clone_delay_ms, or NULL (it has the job's queue
+--                      and priority; publish it with delay p_clone_delay_ms in broker mode).
 -- Steps: a grouped job locks its group row first; the job is updated only while it is still
 --   PROCESSING under the caller's claim; finished_at is set for FINISHED and REDUNDANT; then
 --   {{ table }}_group_wake promotes the group's WAITING head when nothing blocks it any more
@@ -37,13 +39,15 @@ CREATE OR REPLACE FUNCTION {{ table }}_finish(
     p_postponed_by INTEGER,
     p_execution_time INTEGER,
     p_memory TEXT,
+    p_clone_delay_ms INTEGER,
     p_now TIMESTAMPTZ DEFAULT NULL
 )
 RETURNS TABLE (
     finished INTEGER,
     promoted_id BIGINT,
     promoted_queue VARCHAR,
-    promoted_priority INTEGER
+    promoted_priority INTEGER,
+    clone_id BIGINT
 )
 LANGUAGE plpgsql
 VOLATILE
@@ -54,6 +58,10 @@ DECLARE
     v_group VARCHAR;
     v_finished INTEGER := 0;
     v_promoted BIGINT;
+    v_clone BIGINT;
+    v_identifier VARCHAR;
+    v_queue VARCHAR;
+    v_mode VARCHAR;
 BEGIN
     IF p_state IS NULL OR p_state NOT IN (3, 4, 5, 7) THEN
         RAISE EXCEPTION 'bgq: finish state must be 3, 4, 5 or 7' USING ERRCODE = 'BQ002';
@@ -76,6 +84,31 @@ BEGIN
     WHERE j.id = p_id AND j.state = 2 AND j.number_of_attempts = p_attempt;
     GET DIAGNOSTICS v_finished = ROW_COUNT;
 
+    IF v_finished > 0 AND p_clone_delay_ms IS NOT NULL THEN
+        SELECT j.identifier, j.queue, j.mode INTO v_identifier, v_queue, v_mode
+        FROM {{ table }} AS j WHERE j.id = p_id;
+        IF v_identifier IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {{ table }} AS u
+            WHERE u.identifier = v_identifier AND u.queue = v_queue AND u.state NOT IN (3, 5, 7)
+        ) THEN
+            INSERT INTO {{ table }} (
+                queue, priority, callback_name, parameters, parameters_json, state, created_at,
+                number_of_attempts, serial_group, coalesce_threshold, identifier, mode,
+                postponed_by, processed_by_broker, updated_at
+            )
+            SELECT
+                j.queue, j.priority, j.callback_name, j.parameters, j.parameters_json, 1, v_now,
+                0, j.serial_group, j.coalesce_threshold, j.identifier, j.mode,
+                p_clone_delay_ms, j.processed_by_broker, v_now
+            FROM {{ table }} AS j
+            WHERE j.id = p_id
+            RETURNING id INTO v_clone;
+        END IF;
+        IF v_mode = 'recurring' AND p_state = 3 THEN
+            DELETE FROM {{ table }} AS j WHERE j.id = p_id;
+        END IF;
+    END IF;
+
     IF v_finished > 0 AND v_group IS NOT NULL THEN
         v_promoted := {{ table }}_group_wake(v_group, v_now);
     END IF;
@@ -85,7 +118,8 @@ BEGIN
         v_finished,
         v_promoted,
         p.queue,
-        p.priority
+        p.priority,
+        v_clone
     FROM (SELECT v_promoted AS id) AS k
     LEFT JOIN {{ table }} AS p ON p.id = k.id;
 END;

@@ -265,7 +265,7 @@ def test_job_ref_matches_the_due_jobs_columns():
 
 _RESULT_CALLS = {
     "claim": (CLAIM, lambda job: (987654, "general", 1, 1000, None, T0)),
-    "finish": (FINISH, lambda job: (987654, 1, 3, None, None, None, None, T0)),
+    "finish": (FINISH, lambda job: (987654, 1, 3, None, None, None, None, None, T0)),
     "group_heads": (GROUP_HEADS, lambda job: ()),
     "promote_waiting": (PROMOTE_WAITING, lambda job: (T0,)),
     "due_jobs": (DUE_JOBS, lambda job: ("general", 0, 10, T0)),
