@@ -1,15 +1,20 @@
-"""The `bgq` command line (typer): install-procs, process, requeue and demo."""
+"""The `bgq` command line (typer): install-procs, process, consume, monitor, clear-finished, requeue, demo."""
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
+import json
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated
 
 import typer
 
-from .db import Database
+from .cmdlock import CommandLockedError, command_lock, lock_name, locks_dir
+from .db import Database, normalise_url
 from .errors import BgqError
 from .install import install
 from .queue import Queue
@@ -82,29 +87,69 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def _database_key(url: str | None, data_dir: str | None = None) -> str:
+    """Which database a command works on, for its lock name (never printed: it may hold a password)."""
+    if url is None:
+        return f"embedded:{data_dir or ''}"
+    try:
+        return normalise_url(url).render_as_string(hide_password=False)
+    except BgqError:
+        return url
+
+
+def queue_lock_name(command: str, queue: Queue) -> str:
+    """The per-host lock of `command` on this queue: its table, queue name and database."""
+    cfg = queue.config
+    return lock_name(command, cfg.table_name, cfg.queue, _database_key(cfg.database_url, cfg.data_dir))
+
+
+@contextmanager
+def locked(name: str) -> Iterator[None]:
+    """Run the body under the per-host command lock `name`; if another process holds it, say so
+    on stderr and exit 0 at once (SPEC B §10: a cron job that overlaps the previous run)."""
+    lock = command_lock(name)
+    try:
+        lock.acquire()
+    except CommandLockedError:
+        typer.echo(f"bgq: {name} is already running on this host; exiting.", err=True)
+        raise typer.Exit(0) from None
+    except OSError as exc:
+        fail(f"Cannot take the command lock {name} in {locks_dir()}: {exc}")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 @app.command("install-procs")
 def install_procs() -> None:
     """Create the jobs table and install or upgrade bgq's stored procedures (idempotent)."""
     queue = load_queue(required=False)
-    try:
-        if queue is not None:
-            changed, table, where = queue.install(), queue.config.table_name, queue.database.safe_url
-        else:
-            from .config import TABLE_NAME_RE
+    if queue is not None:
+        cfg = queue.config
+        name = lock_name("install-procs", cfg.table_name, _database_key(cfg.database_url, cfg.data_dir))
+    else:
+        from .config import TABLE_NAME_RE
 
-            table = state.table or "background_job"
-            if not TABLE_NAME_RE.fullmatch(table):
-                fail(f"Invalid table name {table!r}.", code=2)
-            if state.database_url:
-                db = Database(state.database_url)
+        table = state.table or "background_job"
+        if not TABLE_NAME_RE.fullmatch(table):
+            fail(f"Invalid table name {table!r}.", code=2)
+        name = lock_name("install-procs", table, _database_key(state.database_url))
+    with locked(name):
+        try:
+            if queue is not None:
+                changed, table, where = queue.install(), queue.config.table_name, queue.database.safe_url
             else:
-                from .embedded import embedded_url
+                if state.database_url:
+                    db = Database(state.database_url)
+                else:
+                    from .embedded import embedded_url
 
-                db = Database(embedded_url())
-            changed, where = install(db, table), db.safe_url
-    except BgqError as exc:
-        fail(str(exc))
-    typer.echo(f"{'installed' if changed else 'already up to date'}: table {table} on {where}")
+                    db = Database(embedded_url())
+                changed, where = install(db, table), db.safe_url
+        except BgqError as exc:
+            fail(str(exc))
+        typer.echo(f"{'installed' if changed else 'already up to date'}: table {table} on {where}")
 
 
 app.command("update-schema", help="Alias of install-procs.")(install_procs)
@@ -115,12 +160,13 @@ def process() -> None:
     """Cron mode: reap stalled jobs, then run every due job once (run it every minute)."""
     queue = load_queue()
     assert queue is not None
-    try:
-        report = queue.process()
-    except BgqError as exc:
-        fail(str(exc))
-    done = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items())) or "nothing due"
-    typer.echo(f"processed: {done}; reaped {report.reaped}")
+    with locked(queue_lock_name("process", queue)):
+        try:
+            report = queue.process()
+        except BgqError as exc:
+            fail(str(exc))
+        done = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items())) or "nothing due"
+        typer.echo(f"processed: {done}; reaped {report.reaped}")
 
 
 @app.command()
@@ -188,12 +234,79 @@ def reload_consumers(
     producer = queue.config.producer
     if producer is None:
         fail("reload-consumers needs a broker: configure the queue with producer=bgq.RabbitMQ(...).", code=2)
-    try:
-        for _ in range(number):
-            producer.publish_die(queue.config.queue_name(sub_queue))
-    except BgqError as exc:
-        fail(str(exc))
-    typer.echo(f"sent {number} die message(s) to {queue.config.queue_name(sub_queue)}_0")
+    with locked(queue_lock_name("reload-consumers", queue)):
+        try:
+            for _ in range(number):
+                producer.publish_die(queue.config.queue_name(sub_queue))
+        except BgqError as exc:
+            fail(str(exc))
+        typer.echo(f"sent {number} die message(s) to {queue.config.queue_name(sub_queue)}_0")
+
+
+#: `bgq monitor`'s states in its order: (state, label printed, key of --json).
+MONITOR_LINES = (
+    (4, "TEMPORARILY_FAILED", "temporarily_failed"),
+    (5, "PERMANENTLY_FAILED", "permanently_failed"),
+    (2, "PROCESSING > 24h", "processing_over_24h"),
+)
+
+
+def _stamp(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@app.command()
+def monitor(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (for machines).")] = False,
+) -> None:
+    """Report stuck jobs: temporarily and permanently failed ones, and jobs running over 24 h.
+
+    Logs one record (critical for permanent failures or long runs, else warning) when any count
+    is not 0; the exit code is 0 either way. Suggested cron: once a day.
+    """
+    queue = load_queue()
+    assert queue is not None
+    with locked(queue_lock_name("monitor", queue)):
+        try:
+            report = queue.report_stuck_jobs()
+        except BgqError as exc:
+            fail(str(exc))
+        if as_json:
+            payload = {}
+            for job_state, _, key in MONITOR_LINES:
+                oldest = report[job_state]["oldest_since"]
+                payload[key] = {
+                    "state": job_state,
+                    "count": report[job_state]["count"],
+                    "oldest_since": None if oldest is None else oldest.isoformat(),
+                }
+            typer.echo(json.dumps(payload))
+            return
+        for job_state, label, _ in MONITOR_LINES:
+            count, oldest = report[job_state]["count"], report[job_state]["oldest_since"]
+            since = f" (oldest {_stamp(oldest)})" if count and oldest is not None else ""
+            typer.echo(f"{label} ({job_state}): {count}{since}")
+
+
+@app.command("clear-finished")
+def clear_finished(
+    days: Annotated[
+        int,
+        typer.Argument(
+            min=0,
+            help="Keep jobs created since today 00:00 UTC minus DAYS days; 0 deletes every finished job.",
+        ),
+    ] = 1,
+) -> None:
+    """Delete FINISHED jobs of the queue (REDUNDANT and failed jobs stay)."""
+    queue = load_queue()
+    assert queue is not None
+    with locked(queue_lock_name("clear-finished", queue)):
+        try:
+            deleted = queue.clear_finished_jobs(days)
+        except BgqError as exc:
+            fail(str(exc))
+        typer.echo(f"deleted {deleted} finished job(s)")
 
 
 @app.command()

@@ -58,6 +58,15 @@ LOST_MESSAGES = Proc(
     "lost_messages",
     (("p_queue", "varchar"), ("p_timeout_s", "integer"), ("p_limit", "integer"), ("p_now", "timestamptz")),
 )
+HEARTBEAT = Proc("heartbeat", (("p_id", "bigint"), ("p_attempt", "integer"), ("p_now", "timestamptz")))
+UNFINISHED_IDENTIFIERS = Proc(
+    "unfinished_identifiers",
+    (("p_queue", "varchar"), ("p_identifiers_json", "text"), ("p_exclude_processing", "integer")),
+)
+MONITOR = Proc("monitor", (("p_queue", "varchar"), ("p_long_s", "integer"), ("p_now", "timestamptz")))
+CLEAR_FINISHED = Proc(
+    "clear_finished", (("p_queue", "varchar"), ("p_before", "timestamptz"), ("p_now", "timestamptz"))
+)
 #: Every installed routine, in install order (schema.sql comes first).
 ALL_PROCS: tuple[Proc, ...] = (
     PREDECESSOR,
@@ -71,6 +80,10 @@ ALL_PROCS: tuple[Proc, ...] = (
     BROKER_FAILED,
     BACK_TO_BROKER,
     LOST_MESSAGES,
+    HEARTBEAT,
+    UNFINISHED_IDENTIFIERS,
+    MONITOR,
+    CLEAR_FINISHED,
 )
 #: group_wake is called by the others only, never by Python; it is installed all the same.
 INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()),)
@@ -320,6 +333,41 @@ class Procs:
         conn.exec_driver_sql(f"DELETE FROM {self.table}")
         conn.exec_driver_sql(f"DELETE FROM {self.table}_group")
 
+    def heartbeat(self, conn: Connection, job_id: int, attempt: int, now: dt.datetime | None = None) -> bool:
+        """Refresh a running job's updated_at; False when the claim `attempt` no longer owns the job."""
+        (row,) = self._call(conn, HEARTBEAT, job_id, attempt, now)
+        return bool(row["alive"])
+
+    # --- operations: unfinished identifiers, the monitor, clear-finished ---
+
+    def unfinished_identifiers(
+        self, conn: Connection, queue: str, identifiers_json: str | None, exclude_processing: bool
+    ) -> list[str]:
+        """Distinct identifiers of the queue's unfinished jobs, among a JSON array (None or '[]': all)."""
+        rows = self._call(conn, UNFINISHED_IDENTIFIERS, queue, identifiers_json, int(exclude_processing))
+        return [r["identifier"] for r in rows]
+
+    def monitor(
+        self, conn: Connection, queue: str, long_s: int, now: dt.datetime | None = None
+    ) -> list[StuckJobs]:
+        """Stuck jobs: TEMPORARILY_FAILED, PERMANENTLY_FAILED, PROCESSING > long_s, in that order."""
+        rows = self._call(conn, MONITOR, queue, long_s, now)
+        return [
+            StuckJobs(
+                state=int(r["state"]),
+                job_count=int(r["job_count"]),
+                oldest_since=None if r["oldest_since"] is None else _utc(r["oldest_since"]),
+            )
+            for r in rows
+        ]
+
+    def clear_finished(
+        self, conn: Connection, queue: str, before: dt.datetime | None, now: dt.datetime | None = None
+    ) -> int:
+        """Delete the queue's FINISHED jobs (created_at <= before, if given); the number deleted."""
+        (row,) = self._call(conn, CLEAR_FINISHED, queue, before, now)
+        return int(row["deleted"])
+
 
 def _insert_values(job: NewJob) -> tuple[Any, ...]:
     """A new job's values in the order of _INSERT_COLUMNS (state READY, no attempts yet)."""
@@ -333,3 +381,12 @@ def _insert_values(job: NewJob) -> tuple[Any, ...]:
 def _utc(value: dt.datetime) -> dt.datetime:
     """pymysql returns naive UTC datetimes, psycopg aware ones: make both aware UTC."""
     return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+@dataclass(frozen=True)
+class StuckJobs:
+    """One row of the monitor: a state, how many jobs are stuck in it, and since when."""
+
+    state: int
+    job_count: int
+    oldest_since: dt.datetime | None

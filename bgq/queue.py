@@ -24,6 +24,7 @@ from .errors import (
     PublishError,
     SerializationError,
 )
+from .heartbeat import Heartbeat
 from .install import check_installed, install
 from .procs import ClaimResult, JobRef, NewJob, Procs
 from .states import JobState, Mode
@@ -88,6 +89,7 @@ class Queue:
         self._procs: Procs | None = None
         self.should_die = False
         self._bulk: _Bulk | None = None
+        self._heartbeat = Heartbeat(self)  # the running job's proof of life (bgq/heartbeat.py)
 
     # --- connection ---
 
@@ -307,9 +309,37 @@ class Queue:
         if claim.outcome != "claimed":
             return claim.outcome
         assert claim.attempt is not None
-        outcome = self._run(job_id, claim)
+        self._heartbeat.start(job_id, claim.attempt)
+        try:
+            outcome = self._run(job_id, claim)
+        finally:
+            self._heartbeat.stop()  # cleared before the result is written (SPEC B §1.5)
         self._finish(job_id, claim, outcome)
         return claim.outcome
+
+    def heartbeat(self) -> None:
+        """Tell the reaper that the running job is alive: its updated_at moves to now.
+
+        Call it from a long callback more often than `stalled_job_timeout`. It writes at most once
+        per `heartbeat_interval` seconds (the claim counts as the first heartbeat; 0 writes on every
+        call), through bgq's own connection, fenced on the job's claim: a job that was reaped, claimed
+        again elsewhere or finished is left alone (and logged once at WARNING). Outside a job it does
+        nothing. It never raises: a failure is logged at WARNING as 'bgq: Heartbeat failed (ID: n).'
+        """
+        self._heartbeat.beat()
+
+    def install_heartbeat(self, engine: Any) -> Callable[[], None]:
+        """Send heartbeats automatically from every statement run on the application's `engine`.
+
+        Registers a SQLAlchemy "before_cursor_execute" listener on `engine` (an Engine; for an
+        AsyncEngine, its sync_engine) that calls `heartbeat()`: any query a callback runs on the
+        application's database keeps its job alive, throttled to one write per
+        `heartbeat_interval`. Outside a job it is a cheap no-op, so the application's other
+        statements are not slowed. The heartbeat itself runs on bgq's own engine, and a guard stops
+        any recursion. Installing twice on one engine registers one listener. Returns a function
+        that removes the listener.
+        """
+        return self._heartbeat.install(engine)
 
     def _metadata(self, job_id: int) -> str | None:
         with self.database.transaction() as conn:
@@ -412,6 +442,94 @@ class Queue:
         """The job's row, for people and tests."""
         with self.database.transaction() as conn:
             return self.procs.get_job(conn, job_id)
+
+    #: A PROCESSING job started longer ago than this (s) is stuck for the monitor (24 hours).
+    STUCK_RUN_S = 86400
+
+    def get_unfinished_job_identifiers(
+        self, identifiers: list[str] | tuple[str, ...] = (), exclude_processing: bool = False
+    ) -> list[str]:
+        """The distinct identifiers of this queue's jobs that still have work ahead, sorted.
+
+        A job is finished when FINISHED, REDUNDANT or PERMANENTLY_FAILED (and, with
+        `exclude_processing`, PROCESSING: a running job does not count). `identifiers` limits the
+        answer to those; empty means every job that has an identifier.
+        """
+        if isinstance(identifiers, str | bytes):
+            raise TypeError("identifiers must be a list of strings, not one string.")
+        wanted = list(identifiers)
+        if not all(isinstance(i, str) for i in wanted):
+            raise TypeError("identifiers must be strings.")
+        if wanted:
+            wanted = [i for i in wanted if len(i) <= _MAX_TEXT]  # longer ones cannot be stored
+            if not wanted:
+                return []
+        with self.database.transaction() as conn:
+            return self.procs.unfinished_identifiers(
+                conn, self.config.queue, json.dumps(wanted) if wanted else None, exclude_processing
+            )
+
+    def report_stuck_jobs(self) -> dict[int, dict[str, Any]]:
+        """The monitor (`bgq monitor`): jobs that need a person, per state.
+
+        Returns {4: {"count": n, "oldest_since": datetime | None}, 5: {...}, 2: {...}}:
+        TEMPORARILY_FAILED and PERMANENTLY_FAILED jobs with their oldest created_at, and PROCESSING
+        jobs started (last_attempt_at) more than 24 hours ago with the oldest start. When any
+        count is not 0 it logs one record, critical if there are permanent failures or long runs,
+        else warning.
+        """
+        with self.database.transaction() as conn:
+            rows = self.procs.monitor(conn, self.config.queue, self.STUCK_RUN_S)
+        report = {r.state: {"count": r.job_count, "oldest_since": r.oldest_since} for r in rows}
+        temporary, permanent, running = report[4], report[5], report[2]
+        parts = []
+        if temporary["count"]:
+            parts.append(
+                f"{temporary['count']}x TEMPORARILY_FAILED (oldest {self._stamp(temporary['oldest_since'])})"
+            )
+        if permanent["count"]:
+            parts.append(
+                f"{permanent['count']}x PERMANENTLY_FAILED (oldest {self._stamp(permanent['oldest_since'])})"
+            )
+        if running["count"]:
+            parts.append(
+                f"{running['count']}x PROCESSING running longer than 24 hours "
+                f"(since {self._stamp(running['oldest_since'])})"
+            )
+        if parts:
+            message = f"bgq: Stuck jobs report: {', '.join(parts)}."
+            if permanent["count"] or running["count"]:
+                self.log.critical(message)
+            else:
+                self.log.warning(message)
+        return report
+
+    @staticmethod
+    def _stamp(value: dt.datetime | None) -> str:
+        """A monitor timestamp for people: UTC to the second."""
+        return "-" if value is None else value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+    def clear_finished_jobs(self, days: int | None = None) -> int:
+        """Delete this queue's FINISHED jobs (`bgq clear-finished`); returns how many.
+
+        `days` None or 0: every finished job; otherwise those created before today 00:00 UTC
+        minus `days` days. REDUNDANT and failed jobs stay.
+        """
+        if days is not None and (isinstance(days, bool) or not isinstance(days, int) or days < 0):
+            raise ValueError(f"days must be a whole number >= 0 or None, got {days!r}.")
+        before = None
+        if days:
+            midnight = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+            before = midnight - dt.timedelta(days=days)
+        for attempt in range(1, CLAIM_TRIES + 1):
+            try:
+                with self.database.transaction() as conn:
+                    return self.procs.clear_finished(conn, self.config.queue, before)
+            except DatabaseError as exc:
+                if attempt == CLAIM_TRIES or not getattr(exc, "retryable", False):
+                    raise
+                time.sleep(0.1 * attempt)
+        raise AssertionError("unreachable")
 
 
 def _backend(name: str) -> str:

@@ -1,0 +1,88 @@
+"""Keeps a running job's claim alive for the reaper: throttled, fenced heartbeats that never raise."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import event
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from .queue import Queue
+
+_EVENT = "before_cursor_execute"
+
+
+class Heartbeat:
+    """One Queue's heartbeat state: the job it is running, when it last beat, and a guard.
+
+    bgq runs one job at a time per Queue, so the current job is a plain attribute. `beat()` may
+    still be reached from other threads (an application thread using an engine with the hook
+    installed); the non-blocking lock makes a concurrent or re-entrant beat a no-op instead of a
+    second write.
+    """
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self.job: tuple[int, int] | None = None  # (job id, claim token) while a callback runs
+        self.last = 0.0  # time.monotonic() of the claim or of the last write
+        self.lost = False  # the claim was found taken over: warned once, no more writes
+        self.guard = threading.Lock()
+
+    def start(self, job_id: int, attempt: int) -> None:
+        """The job was claimed: the claim's updated_at counts as the first heartbeat."""
+        self.last = time.monotonic()
+        self.lost = False
+        self.job = (job_id, attempt)
+
+    def stop(self) -> None:
+        """The callback has returned (or raised): heartbeats are no-ops until the next claim."""
+        self.job = None
+
+    def beat(self) -> None:
+        """Write a heartbeat for the current job if one is due. Never raises."""
+        job = self.job
+        if job is None or self.lost:
+            return
+        interval = self.queue.config.heartbeat_interval
+        if interval and time.monotonic() - self.last < interval:
+            return
+        if not self.guard.acquire(blocking=False):
+            return  # a heartbeat is already being written (re-entrancy through a hooked engine)
+        job_id, attempt = job
+        try:
+            self.last = time.monotonic()  # a failed write is throttled like a good one
+            with self.queue.database.transaction() as conn:
+                alive = self.queue.procs.heartbeat(conn, job_id, attempt)
+            if not alive and self.job == job:
+                self.lost = True
+                self.queue.log.warning(
+                    f"bgq: Heartbeat found the job no longer PROCESSING under this worker's claim "
+                    f"(reaped, taken over or finished elsewhere); its result will be dropped. (ID: {job_id})"
+                )
+        except Exception as exc:
+            self.queue.log.warning(f"bgq: Heartbeat failed (ID: {job_id}).", exc_info=exc)
+        finally:
+            self.guard.release()
+
+    def install(self, engine: Engine | Any) -> Callable[[], None]:
+        """Make every statement run on `engine` call `beat()` first; returns the hook's remover.
+
+        Installing twice on one engine registers one hook.
+        """
+        target = getattr(engine, "sync_engine", engine)  # an AsyncEngine's events live on its sync engine
+        if not event.contains(target, _EVENT, self._on_statement):
+            event.listen(target, _EVENT, self._on_statement)
+
+        def remove() -> None:
+            if event.contains(target, _EVENT, self._on_statement):
+                event.remove(target, _EVENT, self._on_statement)
+
+        return remove
+
+    def _on_statement(self, *_args: Any, **_kwargs: Any) -> None:
+        self.beat()
