@@ -19,7 +19,8 @@ from .errors import (
     UnknownCallbackError,
     WaitingException,
 )
-from .queue import ProcessReport, Queue
+from .processing import ProcessReport
+from .queue import Queue
 from .states import JobState, Mode
 
 __all__ = [

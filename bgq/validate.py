@@ -11,7 +11,8 @@ from .errors import PriorityError, PublishError, UnknownCallbackError
 from .procs import NewJob
 from .states import Mode
 
-_MAX_TEXT = 255
+MAX_TEXT = 255  # VARCHAR(255): serial_group, identifier
+_MAX_TEXT = MAX_TEXT
 _MAX_INT32 = 2**31 - 1
 
 

@@ -80,7 +80,7 @@ def test_checklist_69_a_claim_that_keeps_deadlocking_is_retried_then_leaves_the_
         raise error
 
     monkeypatch.setattr(queue.procs, "claim", deadlock)
-    monkeypatch.setattr("bgq.queue.time.sleep", lambda s: None)
+    monkeypatch.setattr("bgq.processing.time.sleep", lambda s: None)
     assert queue.process().outcomes == {"error": 1}
     assert len(calls) == 5  # CLAIM_TRIES
     assert state_of(installed, job) == JobState.READY  # never stuck in PROCESSING

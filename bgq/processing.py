@@ -1,0 +1,226 @@
+"""Running jobs: cron mode's process(), and process_job(): claim, callback, finish (a Queue mixin)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sqlalchemy.engine import Connection
+
+from . import params as params_codec
+from . import runner
+from .errors import BgqError, DatabaseError, SerializationError
+from .procs import ClaimResult
+from .states import JobState, Mode
+
+T = TypeVar("T")
+PROCESS_LIMIT = 1000  # jobs per process() run, as in the original
+CLAIM_TRIES = 5  # a deadlock or lock-wait timeout in the claim is retried this many times
+
+
+@dataclass
+class ProcessReport:
+    """What one `process()` run did."""
+
+    reaped: int = 0
+    promoted: int = 0
+    republished: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    def count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+class Processing:
+    """Queue's processing side; Queue provides config, log, database, procs and the _send* methods."""
+
+    def process(self) -> ProcessReport:
+        """`bgq process` (cron): reap stalled jobs, run due jobs inline; in broker mode also
+        send BACK_TO_BROKER jobs, promote stuck groups' heads and re-send lost messages."""
+        report = ProcessReport()
+        procs, cfg = self.procs, self.config
+        broker = cfg.producer is not None
+        if cfg.stalled_job_timeout:
+            with self.database.transaction() as conn:
+                reaped = procs.reap(conn, cfg.queue, cfg.stalled_job_timeout, PROCESS_LIMIT)
+            for job in reaped:
+                self.log.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
+                self._send_job(job.id)
+            report.reaped = len(reaped)
+        if broker:
+            with self.database.transaction() as conn:
+                released = procs.back_to_broker(conn, cfg.queue, PROCESS_LIMIT)
+            self._send([(j.id, j.queue, j.priority, None) for j in released])
+        with self.database.transaction() as conn:
+            due = procs.due_jobs(conn, cfg.queue, broker, PROCESS_LIMIT)
+        for job in due:
+            if self.should_die:
+                break
+            if job.state == JobState.BACK_TO_BROKER:
+                continue  # published by back_to_broker above
+            try:
+                report.count(self.process_job(job.id))
+            except BgqError as exc:
+                self.log.critical(f"bgq: Unexpected error occurred. (ID: {job.id})", exc_info=exc)
+                report.count("error")
+        if broker:
+            with self.database.transaction() as conn:
+                promoted = procs.promote_waiting(conn)
+            self._send([(j.id, j.queue, j.priority, None) for j in promoted])
+            report.promoted = len(promoted)
+            if cfg.lost_message_timeout:
+                with self.database.transaction() as conn:
+                    lost = procs.lost_messages(conn, cfg.queue, cfg.lost_message_timeout, PROCESS_LIMIT)
+                for job in lost:
+                    self.log.warning(f"bgq: Lost broker message republished (ID: {job.id}).")
+                self._send([(j.id, j.queue, j.priority, None) for j in lost])
+                report.republished = len(lost)
+        return report
+
+    def process_job(self, job_id: int, on_claimed: Callable[[], None] | None = None) -> str:
+        """Claim one job, run its callback and write its result. Returns the claim's outcome.
+
+        Outcomes: claimed (it ran), waiting, redundant, locked, missing, skipped, unexpected.
+        `on_claimed` runs once the claim (or its refusal) is committed, before the callback: a
+        consumer acknowledges its message there.
+        """
+        cfg = self.config
+        metadata_json = None
+        if cfg.on_processing_get_metadata is not None:
+            metadata_json = self._metadata(job_id)
+        claim = self._claim(job_id, metadata_json)
+        if on_claimed is not None:
+            on_claimed()
+        if claim.promoted_id is not None:
+            self._send_job(claim.promoted_id)
+        if claim.outcome == "locked" and claim.queue is not None and claim.priority is not None:
+            self._send([(job_id, claim.queue, claim.priority, None)])  # another worker holds the group
+        if claim.outcome == "unexpected":
+            self.log.critical(f'bgq: Unexpected state "{claim.state}". (ID: {job_id})')
+        if claim.outcome != "claimed":
+            return claim.outcome
+        assert claim.attempt is not None
+        self._heartbeat.start(job_id, claim.attempt)
+        try:
+            outcome = self._run(job_id, claim)
+        finally:
+            self._heartbeat.stop()  # cleared before the result is written (SPEC B §1.5)
+        self._finish(job_id, claim, outcome)
+        return claim.outcome
+
+    def heartbeat(self) -> None:
+        """Tell the reaper that the running job is alive: its updated_at moves to now.
+
+        Call it from a long callback more often than `stalled_job_timeout`. It writes at most once
+        per `heartbeat_interval` seconds (the claim counts as the first heartbeat; 0 writes on every
+        call), through bgq's own connection, fenced on the job's claim: a job that was reaped, claimed
+        again elsewhere or finished is left alone (and logged once at WARNING). Outside a job it does
+        nothing. It never raises: a failure is logged at WARNING as 'bgq: Heartbeat failed (ID: n).'
+        """
+        self._heartbeat.beat()
+
+    def install_heartbeat(self, engine: Any) -> Callable[[], None]:
+        """Send heartbeats automatically from every statement run on the application's `engine`.
+
+        Registers a SQLAlchemy "before_cursor_execute" listener on `engine` (an Engine; for an
+        AsyncEngine, its sync_engine) that calls `heartbeat()`: any query a callback runs on the
+        application's database keeps its job alive, throttled to one write per
+        `heartbeat_interval`. Outside a job it is a cheap no-op, so the application's other
+        statements are not slowed. The heartbeat itself runs on bgq's own engine, and a guard stops
+        any recursion. Installing twice on one engine registers one listener. Returns a function
+        that removes the listener.
+        """
+        return self._heartbeat.install(engine)
+
+    def _metadata(self, job_id: int) -> str | None:
+        with self.database.transaction() as conn:
+            row = self.procs.get_job(conn, job_id)
+        if row is None:
+            return None
+        parameters = params_codec.decode(
+            row["parameters_json"], row["parameters"], allow_pickle=self.config.allow_pickle
+        )
+        return json.dumps(self.config.on_processing_get_metadata(parameters), default=str)
+
+    def _claim(self, job_id: int, metadata_json: str | None) -> ClaimResult:
+        cfg = self.config
+        return self._retrying(
+            lambda conn: self.procs.claim(
+                conn, job_id, cfg.queue, os.getpid(), cfg.waiting_job_expiration, metadata_json
+            )
+        )
+
+    def _retrying(self, call: Callable[[Connection], T]) -> T:
+        """Run `call` in a transaction; a deadlock or lock timeout retries it (CLAIM_TRIES times in all)."""
+        for attempt in range(1, CLAIM_TRIES + 1):
+            try:
+                with self.database.transaction() as conn:
+                    return call(conn)
+            except DatabaseError as exc:
+                if attempt == CLAIM_TRIES or not getattr(exc, "retryable", False):
+                    raise
+                time.sleep(0.1 * attempt)
+        raise AssertionError("unreachable")
+
+    def _run(self, job_id: int, claim: ClaimResult) -> runner.Outcome:
+        cfg = self.config
+        spec = cfg.callbacks.get(claim.callback_name or "")
+        if spec is None:
+            message = f'Callback "{claim.callback_name}" does not exist.'
+            self.log.critical(f"bgq: {message} (ID: {job_id})")
+            return runner.Outcome(JobState.PERMANENTLY_FAILED, message)
+        try:
+            parameters = params_codec.decode(
+                claim.parameters_json, claim.parameters, allow_pickle=cfg.allow_pickle
+            )
+        except (SerializationError, ValueError) as exc:
+            return runner.Outcome(JobState.PERMANENTLY_FAILED, runner.describe(exc), exception=exc)
+        return runner.run(spec.func, parameters, claim.attempt or 0, cfg)
+
+    def _finish(self, job_id: int, claim: ClaimResult, outcome: runner.Outcome) -> None:
+        cfg = self.config
+        memory = json.dumps(outcome.memory) if outcome.memory is not None else None
+        # A RECURRING job that finished (a Skip too) and a WaitingException both leave a fresh copy,
+        # due after waiting_job_expiration; the finish procedure inserts it in the same transaction.
+        recurring_done = claim.mode == Mode.RECURRING and outcome.state is JobState.FINISHED
+        clone_delay = cfg.waiting_job_expiration if (outcome.clone or recurring_done) else None
+        result = None
+        for wait in (0, 1, 2, 4, 8):  # the callback has run: try hard to write its result
+            time.sleep(wait)
+            try:
+                with self.database.transaction() as conn:
+                    result = self.procs.finish(
+                        conn, job_id, claim.attempt or 0, int(outcome.state), outcome.error,
+                        outcome.postponed_by, outcome.execution_time, memory, clone_delay_ms=clone_delay,
+                    )  # fmt: skip
+                break
+            except BgqError as exc:
+                self.log.critical(f"bgq: Writing the result failed; retrying. (ID: {job_id})", exc_info=exc)
+        if outcome.die:
+            self.should_die = True
+        if result is None:
+            return
+        if not result.finished:
+            self.log.warning(
+                f"bgq: The job was taken over while it ran; its result is dropped. (ID: {job_id})"
+            )
+            return
+        attempts = claim.attempt or 0
+        if outcome.state is JobState.TEMPORARILY_FAILED:
+            if cfg.notify_on_number_of_attempts and attempts == cfg.notify_on_number_of_attempts:
+                self.log.critical(
+                    f'bgq: Number of attempts reached "{attempts}". (ID: {job_id})',
+                    exc_info=outcome.exception,
+                )
+        elif outcome.state is JobState.PERMANENTLY_FAILED:
+            self.log.critical(f"bgq: Permanent error occurred. (ID: {job_id})", exc_info=outcome.exception)
+        if outcome.state is JobState.TEMPORARILY_FAILED:
+            self._send([(job_id, claim.queue or cfg.queue, claim.priority or 0, outcome.postponed_by)])
+        if result.promoted_id is not None:
+            self._send([(result.promoted_id, result.promoted_queue, result.promoted_priority, None)])
+        if result.clone_id is not None:
+            self._send([(result.clone_id, claim.queue or cfg.queue, claim.priority or 0, clone_delay)])
