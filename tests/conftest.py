@@ -210,3 +210,14 @@ def broker_queue(make_queue, rabbit):
         return make_queue(**options)
 
     return factory
+
+
+@pytest.fixture
+def ledger(installed: Installed) -> Iterator[str]:
+    """A ledger table (start/end events of callbacks, in commit order) for the concurrency proofs."""
+    from tests import ledger_worker
+
+    name = unique_name("ledger")
+    ledger_worker.create_ledger(installed.url, name)
+    yield name
+    ledger_worker.drop_ledger(installed.url, name)

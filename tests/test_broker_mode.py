@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from bgq import JobState
 from tests import ledger_worker
-from tests.conftest import AMQP_URL, state_of, unique_name
+from tests.conftest import AMQP_URL, state_of
 
 
 def _set(installed, job_id, **columns):
@@ -212,75 +212,62 @@ def _wait_for(predicate, seconds=60.0):
     return False
 
 
-def test_seed_6_canonical_order_through_the_broker_with_two_consumers(broker_queue, rabbit, installed):
+def test_seed_6_canonical_order_through_the_broker_with_two_consumers(
+    broker_queue, rabbit, installed, ledger
+):
     """Seed Test 6 / checklists 52, 53, 98, 99: two consumer processes, order a b d e g c f,
     never two jobs of the group at once; `reload-consumers 2` (die messages) stops both with 0."""
-    ledger = unique_name("ledger")
-    ledger_worker.create_ledger(installed.url, ledger)
+    queue = broker_queue(callbacks={"ledger": ledger_worker.ledger_job})
+    ids = [
+        queue.publish("ledger", [m[0], "demo"], serial_group="demo", priority=int(m[1]))
+        for m in ("a1", "b1", "c2", "d1", "e1", "f2", "g1")
+    ]
+    procs = _start_consumers(installed, ledger, rabbit.base, 2)
     try:
-        queue = broker_queue(callbacks={"ledger": ledger_worker.ledger_job})
-        ids = [
-            queue.publish("ledger", [m[0], "demo"], serial_group="demo", priority=int(m[1]))
-            for m in ("a1", "b1", "c2", "d1", "e1", "f2", "g1")
-        ]
-        procs = _start_consumers(installed, ledger, rabbit.base, 2)
-        try:
-            assert _wait_for(lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids))
-            for _ in range(2):
-                queue.config.producer.publish_die(rabbit.base)
-            for p in procs:
-                p.join(30)
-                assert p.exitcode == 0
-        finally:
-            for p in procs:
-                p.kill() if p.is_alive() else None
-        events = ledger_worker.read_ledger(installed.url, ledger)
+        assert _wait_for(lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids))
+        for _ in range(2):
+            queue.config.producer.publish_die(rabbit.base)
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
     finally:
-        ledger_worker.drop_ledger(installed.url, ledger)
+        for p in procs:
+            p.kill() if p.is_alive() else None
+    events = ledger_worker.read_ledger(installed.url, ledger)
     assert [token for _, token, _, event in events if event == "start"] == list("abdegcf")
     for i in range(0, len(events), 2):
         assert events[i][3] == "start" and events[i + 1][3] == "end" and events[i][1] == events[i + 1][1]
 
 
-def test_sigterm_lets_the_running_job_finish_and_write_its_result(broker_queue, rabbit, installed):
-    ledger = unique_name("ledger")
-    ledger_worker.create_ledger(installed.url, ledger)
-    try:
-        queue = broker_queue(callbacks={"slow": ledger_worker.slow_ledger_job})
-        job = queue.publish("slow", ["s", None, 2.0])
-        (proc,) = _start_consumers(installed, ledger, rabbit.base, 1)
-        assert _wait_for(lambda: ledger_worker.read_ledger(installed.url, ledger) != [])
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.join(30)
-        assert proc.exitcode == 0
-        assert state_of(installed, job) == JobState.FINISHED
-        assert [e[3] for e in ledger_worker.read_ledger(installed.url, ledger)] == ["start", "end"]
-    finally:
-        ledger_worker.drop_ledger(installed.url, ledger)
+def test_sigterm_lets_the_running_job_finish_and_write_its_result(broker_queue, rabbit, installed, ledger):
+    queue = broker_queue(callbacks={"slow": ledger_worker.slow_ledger_job})
+    job = queue.publish("slow", ["s", None, 2.0])
+    (proc,) = _start_consumers(installed, ledger, rabbit.base, 1)
+    assert _wait_for(lambda: ledger_worker.read_ledger(installed.url, ledger) != [])
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert state_of(installed, job) == JobState.FINISHED
+    assert [e[3] for e in ledger_worker.read_ledger(installed.url, ledger)] == ["start", "end"]
 
 
-def test_a_killed_consumer_does_not_get_its_job_run_twice(broker_queue, rabbit, installed):
+def test_a_killed_consumer_does_not_get_its_job_run_twice(broker_queue, rabbit, installed, ledger):
     """Checklist 86: the message is acknowledged once the claim commits, so killing the consumer (and
     with it its AMQP connection) mid-job redelivers nothing; the job waits for the reaper."""
-    ledger = unique_name("ledger")
-    ledger_worker.create_ledger(installed.url, ledger)
-    try:
-        queue = broker_queue(callbacks={"slow": ledger_worker.slow_ledger_job})
-        job = queue.publish("slow", ["k", None, 5.0])
-        (victim,) = _start_consumers(installed, ledger, rabbit.base, 1)
-        assert _wait_for(lambda: ledger_worker.read_ledger(installed.url, ledger) != [])
-        victim.kill()
-        victim.join(10)
-        (survivor,) = _start_consumers(installed, ledger, rabbit.base, 1)
-        time.sleep(3)
-        starts = defaultdict(int)
-        for _, token, _, event in ledger_worker.read_ledger(installed.url, ledger):
-            starts[(token, event)] += 1
-        assert starts == {("k", "start"): 1}
-        assert state_of(installed, job) == JobState.PROCESSING
-        assert rabbit.count(f"{rabbit.base}_1") == 0
-        survivor.terminate()
-        survivor.join(30)
-        assert survivor.exitcode == 0
-    finally:
-        ledger_worker.drop_ledger(installed.url, ledger)
+    queue = broker_queue(callbacks={"slow": ledger_worker.slow_ledger_job})
+    job = queue.publish("slow", ["k", None, 5.0])
+    (victim,) = _start_consumers(installed, ledger, rabbit.base, 1)
+    assert _wait_for(lambda: ledger_worker.read_ledger(installed.url, ledger) != [])
+    victim.kill()
+    victim.join(10)
+    (survivor,) = _start_consumers(installed, ledger, rabbit.base, 1)
+    time.sleep(3)
+    starts = defaultdict(int)
+    for _, token, _, event in ledger_worker.read_ledger(installed.url, ledger):
+        starts[(token, event)] += 1
+    assert starts == {("k", "start"): 1}
+    assert state_of(installed, job) == JobState.PROCESSING
+    assert rabbit.count(f"{rabbit.base}_1") == 0
+    survivor.terminate()
+    survivor.join(30)
+    assert survivor.exitcode == 0

@@ -7,7 +7,6 @@ import random
 from collections import defaultdict
 
 from tests import ledger_worker
-from tests.conftest import unique_name
 
 WORKERS = 4
 GROUPS = 5
@@ -28,30 +27,25 @@ def _publish_mix(queue, seed: int) -> dict[str, tuple[int, str | None, int]]:
     return jobs
 
 
-def test_processes_never_overlap_inside_a_group_and_run_in_priority_order(make_queue, installed):
+def test_processes_never_overlap_inside_a_group_and_run_in_priority_order(make_queue, installed, ledger):
     """Checklist 53/54: >= 4 processes call process_job concurrently; the ledger proves no two jobs
     of a group overlap, every job ran exactly once, and each group started in (priority, id) order."""
-    ledger = unique_name("ledger")
-    ledger_worker.create_ledger(installed.url, ledger)
-    try:
-        queue = make_queue(callbacks={"ledger": ledger_worker.ledger_job}, priorities=[1, 2, 3])
-        jobs = _publish_mix(queue, seed=7)
-        ctx = multiprocessing.get_context("spawn")
-        procs = [
-            ctx.Process(
-                target=ledger_worker.run_until_done,
-                args=(installed.url, installed.table, ledger, seed, 150.0),
-            )
-            for seed in range(WORKERS)
-        ]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(200)
-            assert p.exitcode == 0
-        events = ledger_worker.read_ledger(installed.url, ledger)
-    finally:
-        ledger_worker.drop_ledger(installed.url, ledger)
+    queue = make_queue(callbacks={"ledger": ledger_worker.ledger_job}, priorities=[1, 2, 3])
+    jobs = _publish_mix(queue, seed=7)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(
+            target=ledger_worker.run_until_done,
+            args=(installed.url, installed.table, ledger, seed, 150.0),
+        )
+        for seed in range(WORKERS)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(200)
+        assert p.exitcode == 0
+    events = ledger_worker.read_ledger(installed.url, ledger)
 
     starts = defaultdict(int)
     for _, token, _, event in events:
@@ -77,38 +71,33 @@ def test_processes_never_overlap_inside_a_group_and_run_in_priority_order(make_q
         assert started == expected, f"group {group} did not run in (priority, id) order"
 
 
-def test_same_id_handed_to_two_processes_runs_once(make_queue, installed):
+def test_same_id_handed_to_two_processes_runs_once(make_queue, installed, ledger):
     """Checklist 86 / invariant 3: two processes call process_job(id) at the same instant: one run."""
-    ledger = unique_name("ledger")
-    ledger_worker.create_ledger(installed.url, ledger)
-    try:
-        queue = make_queue(callbacks={"ledger": ledger_worker.ledger_job}, priorities=[1, 2, 3])
-        ids = [
-            queue.publish("ledger", [f"r{n}", "g" if n % 2 else None], serial_group="g" if n % 2 else None)
-            for n in range(20)
-        ]
-        ctx = multiprocessing.get_context("spawn")
-        barrier = ctx.Barrier(2)
-        results = ctx.Queue()
-        procs = [
-            ctx.Process(
-                target=ledger_worker.race_one,
-                args=(installed.url, installed.table, ledger, ids, barrier, results),
-            )
-            for _ in range(2)
-        ]
-        for p in procs:
-            p.start()
-        outcomes = defaultdict(list)
-        for _ in range(2 * len(ids)):
-            job_id, outcome = results.get(timeout=120)
-            outcomes[job_id].append(outcome)
-        for p in procs:
-            p.join(60)
-            assert p.exitcode == 0
-        events = ledger_worker.read_ledger(installed.url, ledger)
-    finally:
-        ledger_worker.drop_ledger(installed.url, ledger)
+    queue = make_queue(callbacks={"ledger": ledger_worker.ledger_job}, priorities=[1, 2, 3])
+    ids = [
+        queue.publish("ledger", [f"r{n}", "g" if n % 2 else None], serial_group="g" if n % 2 else None)
+        for n in range(20)
+    ]
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=ledger_worker.race_one,
+            args=(installed.url, installed.table, ledger, ids, barrier, results),
+        )
+        for _ in range(2)
+    ]
+    for p in procs:
+        p.start()
+    outcomes = defaultdict(list)
+    for _ in range(2 * len(ids)):
+        job_id, outcome = results.get(timeout=120)
+        outcomes[job_id].append(outcome)
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    events = ledger_worker.read_ledger(installed.url, ledger)
     starts = defaultdict(int)
     for _, token, _, event in events:
         if event == "start":
