@@ -76,10 +76,10 @@ class Queue(Processing, Operations):
                 from .embedded import embedded_url
 
                 url = embedded_url(self.config.data_dir)
-                self._db = Database(url)
+                self._db = Database(url, self.log)
                 install(self._db, self.config.table_name)  # the embedded database is bgq's own
             else:
-                self._db = Database(url)
+                self._db = Database(url, self.log)
         return self._db
 
     @property

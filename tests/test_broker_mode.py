@@ -271,3 +271,44 @@ def test_a_killed_consumer_does_not_get_its_job_run_twice(broker_queue, rabbit, 
     survivor.terminate()
     survivor.join(30)
     assert survivor.exitcode == 0
+
+
+def test_checklist_85_lost_message_pass_off_with_timeout_0_and_in_cron_mode(
+    broker_queue, make_queue, rabbit, installed
+):
+    queue = broker_queue(lost_message_timeout=0)
+    lost = queue.publish("noop")
+    _set(installed, lost, updated_at=_ago(hours=2), created_at=_ago(hours=2))
+    rabbit.purge()
+    assert queue.process().republished == 0 and rabbit.bodies(f"{rabbit.base}_1") == []
+    cron = make_queue(lost_message_timeout=60, queue=rabbit.base, priorities=[1, 2, 3])
+    cron.process()  # cron mode runs the job itself and sends nothing
+    assert rabbit.bodies(f"{rabbit.base}_1") == [] and state_of(installed, lost) == JobState.FINISHED
+
+
+def test_checklist_74_a_reaped_job_is_resent_with_its_backoff(broker_queue, rabbit, installed):
+    queue = broker_queue(stalled_job_timeout=60)
+    job = queue.publish("noop")
+    _set(
+        installed, job, state=2, number_of_attempts=1, updated_at=_ago(hours=2), last_attempt_at=_ago(hours=2)
+    )
+    rabbit.purge()
+    assert queue.process().reaped == 1
+    assert state_of(installed, job) == JobState.TEMPORARILY_FAILED
+    assert rabbit.bodies(f"{rabbit.base}_1_60000") == [str(job)]  # attempt 1: a 1-minute backoff
+
+
+def test_checklist_56_a_locked_group_is_left_unchanged_and_the_id_resent(broker_queue, rabbit, installed):
+    """The group lock stays held by another claim for longer than 3 s: process_job returns
+    'locked' without raising, changes nothing and sends the id again (broker mode)."""
+    queue = broker_queue()
+    holder = queue.publish("noop", serial_group="g")
+    job = queue.publish("noop", serial_group="g")
+    rabbit.purge()
+    with installed.db.engine.connect() as conn:
+        conn.begin()
+        assert queue.procs.claim(conn, holder, rabbit.base, 1, 1000, None).outcome == "claimed"
+        assert queue.process_job(job) == "locked"
+        conn.rollback()
+    assert state_of(installed, job) == JobState.READY
+    assert rabbit.bodies(f"{rabbit.base}_1") == [str(job)]

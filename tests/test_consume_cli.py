@@ -78,3 +78,11 @@ def test_checklist_98_99_reload_consumers_sends_die_and_the_consumer_exits_0(app
 @pytest.mark.parametrize("bad", ["0", "x", "-3"])
 def test_reload_consumers_validates_its_number(app, bad):
     assert _bgq(app, "reload-consumers", bad).returncode == 2
+
+
+def test_checklist_99_reload_consumers_of_a_sub_queue(app, rabbit):
+    assert _bgq(app, "reload-consumers", "3", "transcribe").returncode == 0
+    assert rabbit.count(f"{rabbit.base}_transcribe_0") == 3
+    rabbit.bodies(f"{rabbit.base}_transcribe_0")
+    rabbit.channel.queue_delete(f"{rabbit.base}_transcribe_0")
+    rabbit.channel.exchange_delete(f"{rabbit.base}_transcribe_0")

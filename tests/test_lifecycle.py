@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 
 import pytest
@@ -122,7 +123,9 @@ def test_checklist_104_a_rollback_in_the_callbacks_transaction_does_not_undo_the
         engine.dispose()
 
 
-def test_checklist_105_a_lost_database_connection_is_replaced(make_queue, installed, dialect):
+def test_checklist_105_a_lost_database_connection_is_logged_and_replaced(
+    make_queue, installed, dialect, caplog
+):
     queue = make_queue()
     first = queue.publish("noop")
     queue.process_job(first)
@@ -132,6 +135,24 @@ def test_checklist_105_a_lost_database_connection_is_replaced(make_queue, instal
         ).scalar_one()
     kill = f"KILL {own}" if dialect == "mysql" else f"SELECT pg_terminate_backend({own})"
     installed.sql(kill)
-    second = queue.publish("noop")  # pool_pre_ping notices the dead connection and reconnects
+    with caplog.at_level(logging.CRITICAL, logger="bgq"):
+        second = queue.publish("noop")  # pool_pre_ping notices the dead connection and reconnects
     queue.process_job(second)
     assert state_of(installed, second) == JobState.FINISHED
+    assert "The database connection was lost; reconnecting." in caplog.text
+
+
+def test_checklist_87_redundant_and_coalesced_writes_refresh_updated_at(make_queue, installed):
+    queue = make_queue()
+    long_ago = "2001-01-01 00:00:00"
+    older = queue.publish("noop", identifier="u", mode="unique")
+    duplicate = queue.publish("noop", identifier="u", mode="unique")
+    leader = queue.publish("noop", serial_group="g", coalesce_threshold=5)
+    swallowed = queue.publish("noop", serial_group="g", coalesce_threshold=7)
+    installed.sql("UPDATE {t} SET updated_at = %s", (long_ago,))
+    assert queue.process_job(duplicate) == "redundant"
+    assert queue.process_job(leader) == "claimed"
+    rows = {r["id"]: r for r in installed.sql("SELECT id, state, updated_at FROM {t}")}
+    assert rows[duplicate]["state"] == JobState.REDUNDANT and rows[swallowed]["state"] == JobState.REDUNDANT
+    assert rows[duplicate]["updated_at"].year > 2001 and rows[swallowed]["updated_at"].year > 2001
+    assert rows[older]["updated_at"].year == 2001  # untouched rows keep theirs

@@ -205,6 +205,19 @@ def test_checklist_28_30_outcomes(make_queue, installed, raised, state):
     assert queue.should_die is isinstance(raised, DieException)
 
 
+def test_checklist_28_permanent_error_is_logged_critical(make_queue, installed, caplog):
+    def fail():
+        raise PermanentErrorException("bad address")
+
+    queue = make_queue(callbacks={"fail": fail})
+    job = queue.publish("fail")
+    with caplog.at_level(logging.CRITICAL, logger="bgq"):
+        queue.process_job(job)
+    (record,) = [r for r in caplog.records if "Permanent error occurred." in r.getMessage()]
+    assert record.levelno == logging.CRITICAL and f"(ID: {job})" in record.getMessage()
+    assert isinstance(record.exc_info[1], PermanentErrorException)
+
+
 def test_checklist_29_programming_errors_from_arguments(make_queue, installed):
     """Missing argument and unknown keyword are programming errors: permanent, not retried."""
     queue = make_queue(callbacks={"needs": lambda to: None})

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import sqlalchemy as sa
+from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 from ..errors import BgqError, DatabaseError, DatabaseUnavailableError
@@ -74,8 +76,9 @@ def normalise_url(raw: str) -> sa.URL:
 class Database:
     """bgq's own connection pool to the application's database, and the calls it makes."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, logger: logging.Logger | logging.LoggerAdapter | None = None) -> None:
         self.url = normalise_url(url)
+        self.log = logger or logging.getLogger("bgq")
         self.dialect = dialect_for(self.url)
         # READ COMMITTED on both dialects: after a procedure takes a group lock, its reads see the
         # latest committed rows (MySQL's REPEATABLE READ would keep an older snapshot). The
@@ -87,6 +90,14 @@ class Database:
             pool_size=2,
             max_overflow=8,
         )
+        event.listen(self.engine, "handle_error", self._on_error)
+
+    def _on_error(self, context: Any) -> None:
+        """A lost connection (found by the pre-ping or mid-statement) is replaced; say so loudly."""
+        if context.is_disconnect:
+            self.log.critical(
+                f"bgq: The database connection was lost; reconnecting. ({context.original_exception})"
+            )
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:

@@ -284,11 +284,11 @@ def test_per_queue_arguments_apply_to_queues_whose_name_contains_the_needle(rabb
 
 
 def test_queue_arguments_reach_every_queue_including_delay_queues(rabbit: Rabbit) -> None:
-    broker = rabbit.broker(
-        queue_arguments={"x-max-length": 1000},
-        per_queue_arguments={"_1": {"x-single-active-consumer": True}},
-    )
     q = rabbit.name()
+    broker = rabbit.broker(  # the needle is this test's own '<q>_1': a bare '_1' may occur in the random name
+        queue_arguments={"x-max-length": 1000},
+        per_queue_arguments={f"{q}_1": {"x-single-active-consumer": True}},
+    )
     rabbit.queues.add(f"{q}_1_500")
     broker.publish(1, q, 1, delay_ms=500)
     broker.publish_die(q)
