@@ -233,7 +233,11 @@ def reload_consumers(
     assert queue is not None
     producer = queue.config.producer
     if producer is None:
-        fail("reload-consumers needs a broker: configure the queue with producer=bgq.RabbitMQ(...).", code=2)
+        fail(
+            "reload-consumers needs a broker: configure the queue with "
+            "producer=bgq.broker.rabbitmq.RabbitMQ(...).",
+            code=2,
+        )
     with locked(queue_lock_name("reload-consumers", queue)):
         try:
             for _ in range(number):

@@ -8,6 +8,7 @@ outermost commit, drops them on rollback, and drops the ids of a rolled-back sav
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-_KEY = "bgq_outbox"
+_boxes: weakref.WeakKeyDictionary[Any, _Outbox] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -73,12 +74,14 @@ def _inside(scope: Any, rolled_back: Any) -> bool:
 
 
 def _outbox(target: Session | Connection, send: Send) -> _Outbox:
-    box = target.info.get(_KEY)
+    # Keyed by the Session or Connection object itself: a Connection's .info belongs to the pooled
+    # DBAPI connection and outlives it, while the listeners below belong to this object.
+    box = _boxes.get(target)
     if box is not None:
         box.send = send
         return box
     box = _Outbox(target, send)
-    target.info[_KEY] = box
+    _boxes[target] = box
     if isinstance(target, Session):
         event.listen(target, "after_commit", lambda session: box.flush())
 

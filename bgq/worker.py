@@ -42,7 +42,9 @@ def consume(
     """Handle `jobs` messages (0: until stopped) and return the process exit code (0)."""
     producer = queue.config.producer
     if producer is None or not hasattr(producer, "consumer"):
-        raise ConfigError("consume needs a broker: configure the queue with producer=bgq.RabbitMQ(...).")
+        raise ConfigError(
+            "consume needs a broker: configure the queue with producer=bgq.broker.rabbitmq.RabbitMQ(...)."
+        )
     consumer: Consumer = producer.consumer()
     base = queue.config.queue_name(sub_queue)
     log = queue.log
