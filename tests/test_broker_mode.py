@@ -314,7 +314,9 @@ def test_checklist_56_a_locked_group_is_left_unchanged_and_the_id_resent(broker_
     assert rabbit.bodies(f"{rabbit.base}_1") == [str(job)]
 
 
-def test_connection_publishing_works_on_every_checkout_of_a_pooled_connection(broker_queue, rabbit, installed):
+def test_connection_publishing_works_on_every_checkout_of_a_pooled_connection(
+    broker_queue, rabbit, installed
+):
     """The outbox belongs to the Connection object, not to the pooled DBAPI connection behind it."""
     queue = broker_queue()
     engine = create_engine(installed.url, pool_size=1, max_overflow=0)  # every begin() reuses one connection
