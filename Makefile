@@ -6,6 +6,10 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install demo test lint bench chaos clean
 
+BENCH_VENV  := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_ARGS  ?=
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
@@ -26,8 +30,15 @@ lint: $(STAMP)
 	$(BIN)/sqlfluff lint db/mysql --dialect mysql
 	$(BIN)/sqlfluff lint db/postgres --dialect postgres
 
-bench: $(STAMP)
-	$(BIN)/python tools/head_timing.py
+$(BENCH_STAMP): pyproject.toml tools/bench/requirements.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/pip install --quiet -e '.[dev]' -r tools/bench/requirements.txt
+	touch $(BENCH_STAMP)
+
+# bgq side by side with procrastinate, pgqueuer and celery; writes docs/benchmarks.md.
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python tools/bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) $(BENCH_VENV) build dist *.egg-info .pytest_cache
