@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from .procs import JobRef
-from .validate import MAX_TEXT as _MAX_TEXT
+from .validate import MAX_TEXT
 
 
 class Operations:
@@ -43,7 +43,7 @@ class Operations:
         if not all(isinstance(i, str) for i in wanted):
             raise TypeError("identifiers must be strings.")
         if wanted:
-            wanted = [i for i in wanted if len(i) <= _MAX_TEXT]  # longer ones cannot be stored
+            wanted = [i for i in wanted if len(i) <= MAX_TEXT]  # longer ones cannot be stored
             if not wanted:
                 return []
         with self.database.transaction() as conn:

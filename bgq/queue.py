@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from . import outbox
 from .config import Config, build_config
-from .db import Database
+from .db import Database, dialect_name
 from .errors import BgqError, PublishError
 from .heartbeat import Heartbeat
 from .install import check_installed, install
@@ -141,7 +141,7 @@ class Queue(Processing, Operations):
         conn = connection.connection() if isinstance(connection, Session) else connection
         if not isinstance(conn, Connection):
             raise PublishError("connection must be a SQLAlchemy Session or Connection.")
-        if _backend(conn.dialect.name) != self.database.dialect.name:
+        if dialect_name(conn.dialect.name) != self.database.dialect.name:
             raise PublishError(
                 f"connection is {conn.dialect.name}, the queue's database {self.database.dialect.name}."
             )
@@ -215,7 +215,3 @@ class Queue(Processing, Operations):
         row = self.get_job(job_id)
         if row is not None:
             self._send([(job_id, row["queue"], row["priority"], row["postponed_by"])])
-
-
-def _backend(name: str) -> str:
-    return "postgres" if name.startswith("postgres") else "mysql"

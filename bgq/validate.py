@@ -12,7 +12,6 @@ from .procs import NewJob
 from .states import Mode
 
 MAX_TEXT = 255  # VARCHAR(255): serial_group, identifier
-_MAX_TEXT = MAX_TEXT
 _MAX_INT32 = 2**31 - 1
 
 
@@ -48,9 +47,9 @@ def new_job(
             f"{','.join(map(str, cfg.priorities))}"
         )
     for name, value in (("serial_group", serial_group), ("identifier", identifier)):
-        if value is not None and (not isinstance(value, str) or not value or len(value) > _MAX_TEXT):
+        if value is not None and (not isinstance(value, str) or not value or len(value) > MAX_TEXT):
             raise PublishError(
-                f'Parameter "{name}" must be a non-empty string of at most {_MAX_TEXT} characters.'
+                f'Parameter "{name}" must be a non-empty string of at most {MAX_TEXT} characters.'
             )
         if value is not None and value != value.rstrip():
             # MySQL compares these PAD SPACE ('a ' = 'a'), PostgreSQL does not: refuse the ambiguity.

@@ -533,3 +533,16 @@ def test_trailing_whitespace_in_group_or_identifier_is_refused(make_queue, insta
     with pytest.raises(PublishError, match="must not end with whitespace"):
         queue.publish("noop", **{field: "report "}, mode="unique" if field == "identifier" else "normal")
     assert installed.sql("SELECT COUNT(*) AS n FROM {t}")[0]["n"] == 0
+
+
+def test_publish_refuses_a_connection_to_another_kind_of_database(make_queue, installed):
+    import sqlalchemy as sa
+
+    queue = make_queue()
+    engine = sa.create_engine("sqlite://")
+    try:
+        with engine.connect() as conn, pytest.raises(PublishError, match="connection is sqlite"):
+            queue.publish("noop", connection=conn)
+    finally:
+        engine.dispose()
+    assert installed.sql("SELECT COUNT(*) AS n FROM {t}")[0]["n"] == 0

@@ -45,17 +45,28 @@ class Dialect(Protocol):
         """True for an error that a retry of the whole transaction may cure."""
 
 
-def dialect_for(url: sa.URL) -> Dialect:
-    backend = url.get_backend_name()
+def dialect_name(backend: str) -> str | None:
+    """bgq's name ("mysql" or "postgres") for a SQLAlchemy backend name, or None if unsupported."""
     if backend in ("mysql", "mariadb"):
+        return "mysql"
+    if backend in ("postgresql", "postgres"):
+        return "postgres"
+    return None
+
+
+def dialect_for(url: sa.URL) -> Dialect:
+    name = dialect_name(url.get_backend_name())
+    if name == "mysql":
         from .mysql import MySQLDialect
 
         return MySQLDialect()
-    if backend in ("postgresql", "postgres"):
+    if name == "postgres":
         from .postgres import PostgresDialect
 
         return PostgresDialect()
-    raise DatabaseError(f"Unsupported database {backend!r}: use mysql+pymysql:// or postgresql+psycopg://.")
+    raise DatabaseError(
+        f"Unsupported database {url.get_backend_name()!r}: use mysql+pymysql:// or postgresql+psycopg://."
+    )
 
 
 def normalise_url(raw: str) -> sa.URL:
@@ -64,11 +75,11 @@ def normalise_url(raw: str) -> sa.URL:
         url = sa.make_url(raw)
     except Exception as exc:  # sqlalchemy raises ArgumentError with the URL in it
         raise DatabaseError(f"Invalid database URL: {exc}") from None
-    driver = url.get_driver_name()
-    backend = url.get_backend_name()
-    if backend in ("mysql", "mariadb") and driver != "pymysql":
+    driver, backend = url.get_driver_name(), url.get_backend_name()
+    name = dialect_name(backend)
+    if name == "mysql" and driver != "pymysql":
         url = url.set(drivername=f"{backend}+pymysql")
-    elif backend in ("postgresql", "postgres") and driver != "psycopg":
+    elif name == "postgres" and driver != "psycopg":
         url = url.set(drivername="postgresql+psycopg")
     return url
 
