@@ -57,10 +57,13 @@ class Consumer(Protocol):
     def take(self, queue: str, priorities: Sequence[int], timeout: float | None = None) -> Delivery | None:
         """Wait up to `timeout` seconds (None: for ever) for one message.
 
-        Listens on '<queue>_0' first, then '<queue>_<p>' for each p in `priorities` (the order of
-        preference), prefetch 1. When several queues delivered at once, the message of the most
-        preferred queue is returned and the others go back to their queues. Returns None on
-        timeout. The returned Delivery must be ack()ed or reject()ed before the next take().
+        The order of preference is '<queue>_0', then '<queue>_<p>' for each p in `priorities` in
+        the order given. A message waiting in a queue is returned before any message of a less
+        preferred queue. When all queues are empty, the first message to arrive in any of them is
+        returned; when several arrive at once, the most preferred one, and the others go back to
+        their queues. Returns None on timeout. The consumer holds no message besides the Delivery
+        it returned; one that is neither ack()ed nor reject()ed goes back to its queue at the next
+        take().
         """
 
     def close(self) -> None:

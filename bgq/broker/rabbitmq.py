@@ -78,10 +78,18 @@ class _Topology:
         self.queue_arguments = dict(queue_arguments)
         self.per_queue_arguments = {needle: dict(args) for needle, args in per_queue_arguments.items()}
         self.declared: set[str] = set()
+        self.quorum: dict[str, bool] = {}
 
     def copy(self) -> _Topology:
         """The same arguments with an empty cache (each connection user keeps its own)."""
         return _Topology(self.queue_arguments, self.per_queue_arguments)
+
+    def is_quorum(self, name: str) -> bool:
+        """Whether queue `name` is declared as a quorum queue (cached: the arguments never change)."""
+        quorum = self.quorum.get(name)
+        if quorum is None:
+            quorum = self.quorum[name] = self.arguments_for(name).get("x-queue-type") == "quorum"
+        return quorum
 
     def arguments_for(self, name: str) -> dict[str, Any]:
         arguments = dict(self.queue_arguments)
@@ -286,11 +294,14 @@ class RabbitMQ:
 
 
 class RabbitDelivery:
-    """One message from RabbitConsumer.take(): ack() or reject() it; either closes its channel."""
+    """One message from RabbitConsumer.take(): ack() or reject() it on the consumer's channel."""
 
-    def __init__(self, channel: BlockingChannel, delivery_tag: int, body: str, priority: int) -> None:
+    def __init__(
+        self, channel: BlockingChannel, delivery_tag: int, body: str, priority: int, queue: str
+    ) -> None:
         self.body = body
         self.priority = priority
+        self.queue = queue  # the name of the queue it came from
         self._channel = channel
         self._delivery_tag = delivery_tag
         self._settled = False
@@ -298,15 +309,23 @@ class RabbitDelivery:
     def __repr__(self) -> str:
         return f"RabbitDelivery(body={self.body!r}, priority={self.priority})"
 
+    @property
+    def settled(self) -> bool:
+        """Whether ack() or reject() was called."""
+        return self._settled
+
     def ack(self) -> None:
-        """Acknowledge and close the channel; BrokerConnectionError if the channel is gone (the broker
-        then delivers the message again, which bgq's exactly-once claim makes harmless)."""
+        """Acknowledge; BrokerConnectionError if the channel is gone (the broker then delivers the
+        message again, which bgq's exactly-once claim makes harmless).
+
+        basic.ack has no reply: it is written to the socket, and the broker handles it before any
+        later command of this channel (the next take's basic.get included).
+        """
         if self._settled:
             return
         self._settled = True
         try:
             self._channel.basic_ack(self._delivery_tag)
-            self._channel.close()  # waits for close-ok, so the ack has been processed
         except (pe.AMQPError, OSError) as exc:
             _close_quietly(self._channel)
             raise BrokerConnectionError(
@@ -314,7 +333,7 @@ class RabbitDelivery:
             ) from None
 
     def reject(self) -> None:
-        """Return the message to its queue and close the channel.
+        """Return the message to its queue.
 
         basic.nack(requeue) rather than basic.reject: from RabbitMQ 4.3 a reject counts as a failed
         delivery towards a quorum queue's delivery-limit (default 20, then the message is dropped),
@@ -325,11 +344,18 @@ class RabbitDelivery:
         self._settled = True
         with contextlib.suppress(pe.AMQPError, OSError):
             self._channel.basic_nack(self._delivery_tag, requeue=True)
-        _close_quietly(self._channel)
 
 
 class RabbitConsumer:
-    """Takes one message at a time from '<queue>_0' and '<queue>_<p>', on a connection of its own."""
+    """Takes one message at a time from '<queue>_0' and '<queue>_<p>', on a connection of its own.
+
+    The connection and its channel live as long as the consumer: queues are declared once (a cache,
+    emptied after an error), and a take() with messages waiting is one basic.get per queue, in order
+    of preference, until one returns a message (a quorum queue is asked for its message count
+    first). Only when every queue is empty does take() subscribe to all of them (prefetch 1 each)
+    and wait for the first delivery; it cancels those subscriptions before it returns, so a
+    consumer never holds a message other than the one it handed out.
+    """
 
     def __init__(self, url: str, topology: _Topology) -> None:
         self.url = url
@@ -337,6 +363,8 @@ class RabbitConsumer:
         self._topology = topology
         self._connection: BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
+        self._delivery: RabbitDelivery | None = None  # the last one handed out
+        self._waiting: set[str] = set()  # queues whose last basic.get-ok counted more messages
         self._pid = os.getpid()
 
     def __repr__(self) -> str:
@@ -345,99 +373,148 @@ class RabbitConsumer:
     def take(
         self, queue: str, priorities: Sequence[int], timeout: float | None = None
     ) -> RabbitDelivery | None:
-        # A delivery left unsettled by the caller goes back to its queue now.
-        _close_quietly(self._channel)
-        self._channel = None
+        self._abandon_if_forked()
+        # A delivery left unsettled by the caller goes back to its queue now (before the basic.get
+        # below on the same channel, so this take may return it again).
+        if self._delivery is not None:
+            if not self._delivery.settled:
+                self._delivery.reject()
+                self._waiting.add(self._delivery.queue)
+            self._delivery = None
         wanted = [CONTROL_PRIORITY, *(p for p in priorities if p != CONTROL_PRIORITY)]
         wanted = list(dict.fromkeys(wanted))
         names = [queue_with_priority(queue, p) for p in wanted]
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        arrived: list[tuple[int, int, bytes]] = []  # (index in `names`, delivery tag, body)
 
-        channel, tags = self._subscribe(names, arrived)
-        connection = channel.connection
-        try:
-            while True:
-                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                connection.process_data_events(time_limit=remaining)
-                if arrived or (deadline is not None and time.monotonic() >= deadline):
-                    break
-            if arrived:
-                connection.process_data_events(time_limit=0)  # collect what arrived together
-            for tag in tags:
-                # pika returns (basic.reject, requeue) any delivery that was not dispatched to us yet.
-                channel.basic_cancel(tag)
-            if not arrived:
-                channel.close()
-                return None
-            arrived.sort()
-            index, delivery_tag, body = arrived[0]
-            for _index, other_tag, _body in arrived[1:]:
-                # Back to their queues now, not when the chosen job is done: other workers want them.
-                channel.basic_nack(other_tag, requeue=True)
-        except (pe.AMQPError, OSError) as exc:
-            # Unacknowledged deliveries return to their queues with the channel/connection.
-            self._reset()
-            raise BrokerConnectionError(
-                f"Lost RabbitMQ at {redact(self.url)} while waiting for a message: {exc!r}"
-            ) from None
-        self._channel = channel
-        return RabbitDelivery(channel, delivery_tag, body.decode("utf-8", "replace"), wanted[index])
-
-    def close(self) -> None:
-        _close_quietly(self._channel)
-        self._channel = None
-        connection, self._connection = self._connection, None
-        _close_quietly(connection)
-
-    # --- internals ---
-
-    def _subscribe(
-        self, names: list[str], arrived: list[tuple[int, int, bytes]]
-    ) -> tuple[BlockingChannel, list]:
-        """Declare the queues, open a prefetch-1 channel and consume each queue in order (retried once)."""
         failure: BrokerError | None = None
         for _attempt in range(2):
-            channel = None
             try:
-                channel = self._ensure_connection().channel()
+                channel = self._ensure_channel()
                 for name in names:
                     self._topology.ensure(channel, name)
-                channel.basic_qos(prefetch_count=1)  # per consumer: at most one message per queue
-                tags = []
-                for index, name in enumerate(names):
-
-                    def on_message(
-                        _ch: Any, method: Any, _props: Any, body: bytes, index: int = index
-                    ) -> None:
-                        arrived.append((index, method.delivery_tag, body))
-
-                    tags.append(channel.basic_consume(name, on_message, auto_ack=False))
-                return channel, tags
+                found = self._get_first(channel, names)
+                if found is None:
+                    found = self._wait(channel, names, deadline)
+                break
             except pe.ChannelClosedByBroker as exc:
                 failure = BrokerError(
                     f"RabbitMQ refused to consume {names}: {exc.reply_code} {exc.reply_text}"
                 )
                 self._topology.forget()
-                _close_quietly(channel)
+                self._drop_channel()
             except _LOST as exc:
-                failure = BrokerConnectionError(f"RabbitMQ at {redact(self.url)} is not reachable: {exc!r}")
+                # Unacknowledged deliveries return to their queues with the channel/connection.
+                failure = BrokerConnectionError(
+                    f"Lost RabbitMQ at {redact(self.url)} while waiting for a message: {exc!r}"
+                    if self._connection is not None
+                    else f"RabbitMQ at {redact(self.url)} is not reachable: {exc!r}"
+                )
                 self._reset()
             except pe.AMQPError as exc:  # a protocol error: the connection is not to be trusted
                 self._reset()
                 raise BrokerError(f"RabbitMQ failed to consume {names}: {exc!r}") from None
-        assert failure is not None
-        raise failure
+            except BaseException:
+                # Interrupted (e.g. KeyboardInterrupt) inside a pika call or while subscribed: the
+                # channel's state is unknown, so start afresh; what it held goes back to its queues.
+                self._reset()
+                raise
+        else:
+            assert failure is not None
+            raise failure
+        if found is None:
+            return None
+        index, delivery_tag, body = found
+        self._delivery = RabbitDelivery(
+            channel, delivery_tag, body.decode("utf-8", "replace"), wanted[index], names[index]
+        )
+        return self._delivery
 
-    def _ensure_connection(self) -> BlockingConnection:
+    def close(self) -> None:
+        """Close the connection; an unsettled delivery goes back to its queue."""
+        self._abandon_if_forked()
+        self._delivery = None
+        self._drop_channel()
+        connection, self._connection = self._connection, None
+        _close_quietly(connection)
+
+    # --- internals ---
+
+    def _get_first(self, channel: BlockingChannel, names: list[str]) -> tuple[int, int, bytes] | None:
+        """basic.get on each queue in order: (index in `names`, delivery tag, body) of the first message.
+
+        On a quorum queue every basic.get, an empty one too, is a command through the Raft log (about
+        three times the cost of a passive queue.declare, which reads the leader's message count). So a
+        quorum queue is first asked for its count, unless its last basic.get said more were waiting.
+        """
+        for index, name in enumerate(names):
+            probe = self._topology.is_quorum(name) and name not in self._waiting
+            if probe and channel.queue_declare(name, passive=True).method.message_count == 0:
+                continue
+            method, _properties, body = channel.basic_get(name, auto_ack=False)
+            if method is None or not method.message_count:
+                self._waiting.discard(name)
+            else:
+                self._waiting.add(name)
+            if method is not None:
+                return index, method.delivery_tag, body or b""
+        return None
+
+    def _wait(
+        self, channel: BlockingChannel, names: list[str], deadline: float | None
+    ) -> tuple[int, int, bytes] | None:
+        """Subscribe to every queue until the first delivery or the deadline; cancel; keep the best.
+
+        When several queues delivered together, the most preferred message is kept and the others go
+        back to their queues at once (other consumers want them, not after this job).
+        """
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        arrived: list[tuple[int, int, bytes]] = []
+        tags = []
+        for index, name in enumerate(names):
+
+            def on_message(_ch: Any, method: Any, _props: Any, body: bytes, index: int = index) -> None:
+                arrived.append((index, method.delivery_tag, body or b""))
+
+            tags.append(channel.basic_consume(name, on_message, auto_ack=False))
+        connection = channel.connection
+        while not arrived:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            connection.process_data_events(time_limit=remaining)
+        if arrived:
+            connection.process_data_events(time_limit=0)  # collect what arrived together
+        for tag in tags:
+            # pika returns (basic.reject, requeue) any delivery that was not dispatched to us yet.
+            channel.basic_cancel(tag)
+        if not arrived:
+            return None
+        arrived.sort()
+        for _index, other_tag, _body in arrived[1:]:
+            channel.basic_nack(other_tag, requeue=True)
+        return arrived[0]
+
+    def _abandon_if_forked(self) -> None:
         if self._pid != os.getpid():
-            self._connection, self._channel, self._pid = None, None, os.getpid()
+            # A forked child shares the parent's socket: abandon it (and the parent's delivery)
+            # without closing or settling anything, which would act on the parent's connection.
+            self._connection, self._channel, self._delivery, self._pid = None, None, None, os.getpid()
+
+    def _ensure_channel(self) -> BlockingChannel:
         # A job may run for hours between two take() calls; if the broker dropped the connection
-        # meanwhile, pika may only notice at the first I/O, which _subscribe's retry covers.
+        # meanwhile, pika may only notice at the first I/O, which take()'s retry covers.
         if self._connection is None or not self._connection.is_open:
             self._reset()
             self._connection = pika.BlockingConnection(self._parameters)
-        return self._connection
+        if self._channel is None or not self._channel.is_open:
+            self._channel = self._connection.channel()
+            self._channel.basic_qos(prefetch_count=1)  # per subscription of _wait(): one message each
+        return self._channel
+
+    def _drop_channel(self) -> None:
+        channel, self._channel = self._channel, None
+        _close_quietly(channel)
 
     def _reset(self) -> None:
         self._topology.forget()

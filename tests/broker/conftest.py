@@ -77,6 +77,14 @@ class Rabbit:
         finally:
             channel.close()
 
+    def consumers(self, queue: str) -> int:
+        """Subscriptions on `queue` (passive declare); the queue must exist."""
+        channel = self.channel()
+        try:
+            return channel.queue_declare(queue, passive=True).method.consumer_count
+        finally:
+            channel.close()
+
     def count_eventually(self, queue: str, expected: int, within: float = 1.0) -> int:
         """The count, polled until it equals `expected` or `within` seconds passed (requeues are async)."""
         deadline = time.monotonic() + within

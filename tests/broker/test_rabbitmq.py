@@ -114,6 +114,36 @@ def test_publish_die_goes_to_the_control_queue(rabbit: Rabbit) -> None:
     delivery.ack()
 
 
+QUEUE_TYPES = pytest.mark.parametrize(
+    "queue_arguments", [{}, {"x-queue-type": "quorum"}], ids=["classic", "quorum"]
+)
+
+
+@QUEUE_TYPES
+def test_waiting_messages_are_taken_in_strict_order_of_preference(rabbit: Rabbit, queue_arguments) -> None:
+    broker, q = rabbit.broker(queue_arguments=queue_arguments), rabbit.name()
+    for job_id, priority in ((21, 2), (11, 1), (22, 2), (12, 1)):
+        broker.publish(job_id, q, priority)
+    broker.publish_die(q)
+    consumer = rabbit.consumer(broker)
+    taken = []
+    while (delivery := consumer.take(q, [1, 2], timeout=0.2)) is not None:
+        taken.append((delivery.body, delivery.priority))
+        delivery.ack()
+    assert taken == [("die", 0), ("11", 1), ("12", 1), ("21", 2), ("22", 2)]
+
+
+def test_a_waiting_message_is_taken_even_with_timeout_zero(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    consumer = rabbit.consumer(broker)
+    assert consumer.take(q, [1], timeout=0) is None
+    broker.publish(3, q, 1)
+    delivery = consumer.take(q, [1], timeout=0)
+    assert delivery is not None
+    assert delivery.body == "3"
+    delivery.ack()
+
+
 # --- ack and reject ---
 
 
@@ -150,6 +180,20 @@ def test_an_unsettled_delivery_goes_back_at_the_next_take(rabbit: Rabbit) -> Non
     consumer = rabbit.consumer(broker)
     assert consumer.take(q, [1], timeout=2) is not None
     delivery = consumer.take(q, [1], timeout=2)
+    assert delivery is not None
+    assert delivery.body == "5"
+    delivery.ack()
+
+
+@QUEUE_TYPES
+def test_an_unsettled_delivery_is_back_before_the_next_take_looks(rabbit: Rabbit, queue_arguments) -> None:
+    """The nack goes first on the consumer's channel, so even a take() that does not wait finds it."""
+    broker, q = rabbit.broker(queue_arguments=queue_arguments), rabbit.name()
+    broker.publish(5, q, 1)
+    broker.publish(6, q, 2)
+    consumer = rabbit.consumer(broker)
+    assert consumer.take(q, [1, 2], timeout=2) is not None
+    delivery = consumer.take(q, [1, 2], timeout=0)
     assert delivery is not None
     assert delivery.body == "5"
     delivery.ack()
@@ -314,6 +358,83 @@ def test_quorum_queues_carry_messages_and_delays(rabbit: Rabbit) -> None:
     assert delivery.body == "1"
     delivery.ack()
     assert rabbit.declare_fails(f"{q}_1", None) == 406  # it is not a classic queue
+
+
+# --- the consumer's long-lived channel ---
+
+
+def test_a_consumer_keeps_its_channel_and_declares_its_queues_once(rabbit: Rabbit, monkeypatch) -> None:
+    declared: list[str] = []
+    original = _Topology._queue
+
+    def counting(self: _Topology, channel, name: str, exchange: str, arguments) -> None:
+        declared.append(name)
+        original(self, channel, name, exchange, arguments)
+
+    monkeypatch.setattr(_Topology, "_queue", counting)
+    broker, q = rabbit.broker(), rabbit.name()
+    for job_id in (1, 2, 3):
+        broker.publish(job_id, q, 1)
+    declared.clear()  # the producer's own declarations
+    consumer = rabbit.consumer(broker)
+    delivery = consumer.take(q, [1, 2], timeout=2)
+    assert delivery is not None
+    channel = consumer._channel
+    delivery.ack()
+    for expected in ("2", "3"):
+        delivery = consumer.take(q, [1, 2], timeout=2)
+        assert delivery is not None
+        assert delivery.body == expected
+        delivery.ack()
+    assert consumer.take(q, [1, 2], timeout=0.05) is None
+    assert consumer._channel is channel
+    assert sorted(declared) == [f"{q}_0", f"{q}_1", f"{q}_2"]
+
+
+def test_a_consumer_holds_no_subscription_between_takes(rabbit: Rabbit) -> None:
+    """Subscriptions exist only while take() waits on empty queues: nothing is held during a job."""
+    broker, q = rabbit.broker(), rabbit.name()
+    rabbit.queues.add(f"{q}_1_200")
+    consumer = rabbit.consumer(broker)
+    assert consumer.take(q, [1, 2], timeout=0.05) is None
+    assert [rabbit.consumers(f"{q}_{p}") for p in (0, 1, 2)] == [0, 0, 0]
+    broker.publish(1, q, 1, delay_ms=200)  # arrives while the next take waits
+    delivery = consumer.take(q, [1, 2], timeout=3)
+    assert delivery is not None
+    assert delivery.body == "1"
+    assert [rabbit.consumers(f"{q}_{p}") for p in (0, 1, 2)] == [0, 0, 0]
+    broker.publish(2, q, 2)
+    other = rabbit.consumer(broker).take(q, [1, 2], timeout=2)  # the first job is still running
+    assert other is not None
+    assert other.body == "2"
+    delivery.ack()
+    other.ack()
+
+
+def test_a_queue_deleted_behind_the_consumers_cache_is_declared_again(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    consumer = rabbit.consumer(broker)
+    assert consumer.take(q, [1], timeout=0.05) is None
+    rabbit.channel().queue_delete(f"{q}_1")
+    assert consumer.take(q, [1], timeout=0.05) is None  # basic.get: 404, then declared again
+    assert rabbit.exists(f"{q}_1")
+    broker.publish(4, q, 1)
+    delivery = consumer.take(q, [1], timeout=2)
+    assert delivery is not None
+    assert delivery.body == "4"
+    delivery.ack()
+
+
+def test_a_closed_consumer_channel_is_reopened_at_the_next_take(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(5, q, 1)
+    consumer = rabbit.consumer(broker)
+    assert consumer.take(q, [2], timeout=0.05) is None
+    consumer._channel.close()
+    delivery = consumer.take(q, [1], timeout=2)
+    assert delivery is not None
+    assert delivery.body == "5"
+    delivery.ack()
 
 
 # --- reconnects and timeouts ---
