@@ -219,6 +219,41 @@ def consume(
     raise typer.Exit(code)
 
 
+@app.command()
+def work(
+    sub_queue: Annotated[
+        str | None, typer.Argument(metavar="[QUEUE]", help="Sub-queue of the app's queue.")
+    ] = None,
+    priorities: Annotated[
+        str | None, typer.Option("--priorities", "-p", help="N, A-B, -B or A- of the configured priorities.")
+    ] = None,
+    concurrency: Annotated[
+        int,
+        typer.Option("--concurrency", "-c", min=1, help="Worker processes (each runs one job at a time)."),
+    ] = 1,
+    batch: Annotated[
+        int, typer.Option("--batch", min=1, help="Most jobs one claim takes (it adapts to job duration).")
+    ] = 100,
+    poll: Annotated[
+        float, typer.Option("--poll", min=0.01, help="Longest idle wait between two claims, in seconds.")
+    ] = 1.0,
+) -> None:
+    """Continuous database worker: claim due jobs in batches and run them (SIGTERM stops it cleanly)."""
+    from .broker import parse_priorities
+    from .work import run_workers
+
+    queue = load_queue()
+    assert queue is not None
+    try:
+        chosen = parse_priorities(priorities, queue.config.priorities) if priorities else None
+        code = run_workers(
+            lambda: queue, concurrency, sub_queue=sub_queue, priorities=chosen, batch_max=batch, poll=poll
+        )
+    except BgqError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
 @app.command("reload-consumers")
 def reload_consumers(
     number: Annotated[

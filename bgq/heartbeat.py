@@ -33,9 +33,10 @@ class Heartbeat:
         self.lost = False  # the claim was found taken over: warned once, no more writes
         self.guard = threading.Lock()
 
-    def start(self, job_id: int, attempt: int) -> None:
-        """The job was claimed: the claim's updated_at counts as the first heartbeat."""
-        self.last = time.monotonic()
+    def start(self, job_id: int, attempt: int, claimed_at: float | None = None) -> None:
+        """The job starts: its claim's updated_at counts as the first heartbeat (`claimed_at`, a
+        time.monotonic() taken before the claim, when the job was claimed ahead in a batch)."""
+        self.last = time.monotonic() if claimed_at is None else claimed_at
         self.lost = False
         self.job = (job_id, attempt)
 

@@ -12,7 +12,7 @@ from .errors import SchemaVersionError
 from .procs import ALL_PROCS, INTERNAL_PROCS, Procs
 
 #: The procedure set this package expects; bump it when any procedure's behaviour changes.
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 _PLACEHOLDER = "{{ table }}"
 
 
@@ -103,3 +103,4 @@ def uninstall(db: Database, table: str) -> None:
         for proc in (*ALL_PROCS, *INTERNAL_PROCS):
             procs.run(conn, [db.dialect.drop_sql(table, proc.name, proc.function)])
         procs.run(conn, [f"DROP TABLE IF EXISTS {table}{suffix}" for suffix in ("_meta", "_group", "")])
+        procs.run(conn, [db.dialect.drop_sql(table, "notify", True)])  # PostgreSQL's insert trigger

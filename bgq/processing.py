@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 from . import params as params_codec
 from . import runner
 from .errors import BgqError, DatabaseError, SerializationError
-from .procs import ClaimResult
+from .procs import ClaimResult, FinishResult
 from .states import JobState, Mode
 
 T = TypeVar("T")
@@ -146,6 +146,13 @@ class Processing:
         )
         return json.dumps(self.config.on_processing_get_metadata(parameters), default=str)
 
+    def _store_metadata(self, job_id: int, attempt: int) -> None:
+        """bgq work: store on_processing_get_metadata's value for a job claimed in a batch."""
+        metadata_json = self._metadata(job_id)
+        if metadata_json is not None:
+            with self.database.transaction() as conn:
+                self.procs.heartbeat(conn, job_id, attempt, metadata_json=metadata_json)
+
     def _claim(self, job_id: int, metadata_json: str | None) -> ClaimResult:
         cfg = self.config
         return self._retrying(
@@ -181,15 +188,20 @@ class Processing:
             return runner.Outcome(JobState.PERMANENTLY_FAILED, runner.describe(exc), exception=exc)
         return runner.run(spec.func, parameters, claim.attempt or 0, cfg)
 
-    def _finish(self, job_id: int, claim: ClaimResult, outcome: runner.Outcome) -> None:
-        cfg = self.config
+    def _finish(
+        self,
+        job_id: int,
+        claim: ClaimResult,
+        outcome: runner.Outcome,
+        then: Callable[[Connection], T] | None = None,
+    ) -> T | None:
+        """Write the job's result (retrying hard: the callback has run), then log and publish what
+        follows from it. `then` runs in the same transaction after the finish (bgq work hands a
+        group on to its next job there); its value is returned."""
         memory = json.dumps(outcome.memory) if outcome.memory is not None else None
-        # A RECURRING job that finished (a Skip too) and a WaitingException both leave a fresh copy,
-        # due after waiting_job_expiration; the finish procedure inserts it in the same transaction.
-        recurring_done = claim.mode == Mode.RECURRING and outcome.state is JobState.FINISHED
-        clone_delay = cfg.waiting_job_expiration if (outcome.clone or recurring_done) else None
-        result = None
-        for wait in (0, 1, 2, 4, 8):  # the callback has run: try hard to write its result
+        clone_delay = self._clone_delay(claim, outcome)
+        result, extra = None, None
+        for wait in (0, 1, 2, 4, 8):
             time.sleep(wait)
             try:
                 with self.database.transaction() as conn:
@@ -197,13 +209,28 @@ class Processing:
                         conn, job_id, claim.attempt or 0, int(outcome.state), outcome.error,
                         outcome.postponed_by, outcome.execution_time, memory, clone_delay_ms=clone_delay,
                     )  # fmt: skip
+                    extra = then(conn) if then is not None else None
                 break
             except BgqError as exc:
                 self.log.critical(f"bgq: Writing the result failed; retrying. (ID: {job_id})", exc_info=exc)
         if outcome.die:
             self.should_die = True
-        if result is None:
-            return
+        if result is not None:
+            self._after_finish(job_id, claim, outcome, result, clone_delay)
+        return extra
+
+    def _clone_delay(self, claim: ClaimResult, outcome: runner.Outcome) -> int | None:
+        """A RECURRING job that finished (a Skip too) and a WaitingException both leave a fresh copy,
+        due after waiting_job_expiration; the finish procedure inserts it in the same transaction."""
+        recurring_done = claim.mode == Mode.RECURRING and outcome.state is JobState.FINISHED
+        return self.config.waiting_job_expiration if (outcome.clone or recurring_done) else None
+
+    def _after_finish(
+        self, job_id: int, claim: ClaimResult, outcome: runner.Outcome, result: FinishResult,
+        clone_delay: int | None,
+    ) -> None:  # fmt: skip
+        """Log what the written result calls for and publish its follow-ups in broker mode."""
+        cfg = self.config
         if not result.finished:
             self.log.warning(
                 f"bgq: The job was taken over while it ran; its result is dropped. (ID: {job_id})"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime as dt
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +41,20 @@ FINISH = Proc(
         ("p_now", "timestamptz"),
     ),
 )
+CLAIM_BATCH = Proc(
+    "claim_batch",
+    (
+        ("p_queue", "varchar"),
+        ("p_limit", "integer"),
+        ("p_pid", "integer"),
+        ("p_min_priority", "integer"),
+        ("p_max_priority", "integer"),
+        ("p_group", "varchar"),
+        ("p_waiting_ms", "integer"),
+        ("p_now", "timestamptz"),
+    ),
+)
+FINISH_BATCH = Proc("finish_batch", (("p_results", "text"), ("p_now", "timestamptz")))
 PREDECESSOR = Proc("predecessor", (("p_id", "bigint"),), function=True)
 GROUP_HEADS = Proc("group_heads", ())
 PROMOTE_WAITING = Proc("promote_waiting", (("p_now", "timestamptz"),))
@@ -58,7 +75,10 @@ LOST_MESSAGES = Proc(
     "lost_messages",
     (("p_queue", "varchar"), ("p_timeout_s", "integer"), ("p_limit", "integer"), ("p_now", "timestamptz")),
 )
-HEARTBEAT = Proc("heartbeat", (("p_id", "bigint"), ("p_attempt", "integer"), ("p_now", "timestamptz")))
+HEARTBEAT = Proc(
+    "heartbeat",
+    (("p_id", "bigint"), ("p_attempt", "integer"), ("p_metadata", "text"), ("p_now", "timestamptz")),
+)
 UNFINISHED_IDENTIFIERS = Proc(
     "unfinished_identifiers",
     (("p_queue", "varchar"), ("p_identifiers_json", "text"), ("p_exclude_processing", "integer")),
@@ -72,6 +92,8 @@ ALL_PROCS: tuple[Proc, ...] = (
     PREDECESSOR,
     CLAIM,
     FINISH,
+    CLAIM_BATCH,
+    FINISH_BATCH,
     GROUP_HEADS,
     PROMOTE_WAITING,
     DUE_JOBS,
@@ -85,8 +107,8 @@ ALL_PROCS: tuple[Proc, ...] = (
     MONITOR,
     CLEAR_FINISHED,
 )
-#: group_wake is called by the others only, never by Python; it is installed all the same.
-INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()),)
+#: group_wake and claim_job are called by the others only, never by Python; installed all the same.
+INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()), Proc("claim_job", ()))
 
 _INSERT_COLUMNS = (
     "queue",
@@ -121,6 +143,27 @@ class ClaimResult:
     identifier: str | None
     mode: str | None
     coalesce_threshold: int | None
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A job that {table}_claim_batch claimed for the caller: its id and its claim."""
+
+    id: int
+    claim: ClaimResult
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """One job's result for {table}_finish_batch (state 1 READY gives back an unstarted job)."""
+
+    id: int
+    attempt: int
+    state: int
+    error: str | None = None
+    postponed_by: int | None = None
+    execution_time: int | None = None
+    memory: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -208,6 +251,53 @@ class Procs:
             promoted_priority=row["promoted_priority"],
             clone_id=row["clone_id"],
         )
+
+    def claim_batch(
+        self, conn: Connection, queue: str, limit: int, pid: int, min_priority: int | None,
+        max_priority: int | None, group: str | None, waiting_ms: int, now: dt.datetime | None = None,
+    ) -> list[Claimed]:  # fmt: skip
+        """Claim up to `limit` due jobs (ungrouped, or heads of idle groups; only `group`'s head
+        when given), in (priority, id) order."""
+        rows = self._call(
+            conn, CLAIM_BATCH, queue, limit, pid, min_priority, max_priority, group, waiting_ms, now
+        )
+        return [
+            Claimed(
+                r["id"],
+                ClaimResult(
+                    outcome="claimed",
+                    attempt=r["attempt"],
+                    state=2,
+                    predecessor_id=None,
+                    promoted_id=None,
+                    callback_name=r["callback_name"],
+                    parameters_json=r["parameters_json"],
+                    parameters=r["parameters"],
+                    queue=r["queue"],
+                    priority=r["priority"],
+                    serial_group=r["serial_group"],
+                    identifier=r["identifier"],
+                    mode=r["mode"],
+                    coalesce_threshold=r["coalesce_threshold"],
+                ),  # fmt: skip
+            )
+            for r in rows
+        ]
+
+    def finish_batch(
+        self, conn: Connection, results: Sequence[JobResult], now: dt.datetime | None = None
+    ) -> dict[int, bool]:
+        """Write many results at once (no clones); {job id: written} (False: taken over)."""
+        if not results:
+            return {}
+        payload = json.dumps([dataclasses.asdict(r) for r in results])
+        return {int(r["id"]): bool(r["finished"]) for r in self._call(conn, FINISH_BATCH, payload, now)}
+
+    def listener(self) -> Listener | None:
+        """A LISTEN connection woken by new jobs (PostgreSQL's insert trigger); None on MySQL."""
+        if self.db.dialect.name != "postgres":
+            return None
+        return Listener(self.db, self.table)
 
     def promote_waiting(self, conn: Connection, now: dt.datetime | None = None) -> list[JobRef]:
         rows = self._call(conn, PROMOTE_WAITING, now)
@@ -333,9 +423,13 @@ class Procs:
         conn.exec_driver_sql(f"DELETE FROM {self.table}")
         conn.exec_driver_sql(f"DELETE FROM {self.table}_group")
 
-    def heartbeat(self, conn: Connection, job_id: int, attempt: int, now: dt.datetime | None = None) -> bool:
-        """Refresh a running job's updated_at; False when the claim `attempt` no longer owns the job."""
-        (row,) = self._call(conn, HEARTBEAT, job_id, attempt, now)
+    def heartbeat(
+        self, conn: Connection, job_id: int, attempt: int, now: dt.datetime | None = None,
+        *, metadata_json: str | None = None,
+    ) -> bool:  # fmt: skip
+        """Refresh a running job's updated_at (and metadata, if given); False when the claim
+        `attempt` no longer owns the job."""
+        (row,) = self._call(conn, HEARTBEAT, job_id, attempt, metadata_json, now)
         return bool(row["alive"])
 
     # --- operations: unfinished identifiers, the monitor, clear-finished ---
@@ -390,3 +484,31 @@ class StuckJobs:
     state: int
     job_count: int
     oldest_since: dt.datetime | None
+
+
+class Listener:
+    """A dedicated autocommit PostgreSQL connection that LISTENs on the table's channel.
+
+    The jobs table's statement-level insert trigger (schema.sql) and released jobs
+    ({table}_finish_batch) NOTIFY that channel; `wait()` returns as soon as one arrives.
+    """
+
+    def __init__(self, db: Database, table: str) -> None:
+        raw = db.engine.raw_connection()
+        self._conn: Any = raw.driver_connection
+        raw.detach()  # this connection never goes back to the pool
+        self._conn.rollback()
+        self._conn.autocommit = True
+        self._conn.execute(f'LISTEN "{table}"')
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to `timeout` seconds for a notification; True if one came (all are drained)."""
+        got = any(True for _ in self._conn.notifies(timeout=timeout, stop_after=1))
+        if got:
+            for _ in self._conn.notifies(timeout=0):
+                pass
+        return got
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):  # closing a broken connection: nothing left to do
+            self._conn.close()

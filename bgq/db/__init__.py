@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -102,6 +103,7 @@ class Database:
             max_overflow=8,
         )
         event.listen(self.engine, "handle_error", self._on_error)
+        self._local = threading.local()
 
     def _on_error(self, context: Any) -> None:
         """A lost connection (found by the pre-ping or mid-statement) is replaced; say so loudly."""
@@ -112,12 +114,35 @@ class Database:
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
-        """One transaction: BEGIN ... COMMIT, or ROLLBACK on error; driver errors translated."""
+        """One transaction: BEGIN ... COMMIT, or ROLLBACK on error; driver errors translated.
+
+        On a thread inside `pinned()`, it runs on that thread's own connection instead of
+        checking one out of the pool (and pinging it) each time.
+        """
+        conn = getattr(self._local, "conn", None)
         try:
-            with self.engine.begin() as conn:
+            if conn is None:
+                with self.engine.begin() as conn:
+                    yield conn
+                return
+            if conn.closed or conn.invalidated:
+                conn.close()
+                conn = self._local.conn = self.engine.connect()
+            with conn.begin():
                 yield conn
         except sa.exc.DBAPIError as exc:
             raise self.translate(exc) from exc
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Keep one connection for this thread's transactions (a worker's hot loop); a lost
+        connection is replaced at the next transaction."""
+        self._local.conn = self.engine.connect()
+        try:
+            yield
+        finally:
+            conn, self._local.conn = self._local.conn, None
+            conn.close()
 
     def translate(self, exc: sa.exc.DBAPIError) -> BgqError:
         """The bgq exception for a driver error; `retryable` says whether a retry may cure it."""

@@ -1,9 +1,11 @@
--- bgq {{ table }}_heartbeat, version 1 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_heartbeat, version 2 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
---   CALL {{ table }}_heartbeat(p_id, p_attempt, p_now)
+--   CALL {{ table }}_heartbeat(p_id, p_attempt, p_metadata, p_now)
 --   p_id       the job the caller is running.
 --   p_attempt  the claim token returned by {{ table }}_claim (its `attempt`).
+--   p_metadata JSON text to store in metadata as well (NULL: metadata unchanged); `bgq work`
+--              stores on_processing_get_metadata's value this way when a batched job starts.
 --   p_now      the clock (DATETIME(6), UTC); NULL means UTC_TIMESTAMP(6).
 -- Result: exactly one row
 --   alive  1 if the job is still PROCESSING under the caller's claim (its updated_at is now
@@ -11,7 +13,7 @@
 --          finished, or moved by a person): nothing changed.
 -- The worker's proof of life for a long callback: the reaper ({{ table }}_reap) judges liveness by
 --   updated_at only, so a job whose worker calls this more often than stalled_job_timeout is
---   never reaped. Nothing but updated_at changes; there is no queue filter.
+--   never reaped. Nothing but updated_at (and metadata, if given) changes; no queue filter.
 -- Locks: the job row only, until the caller commits (call it in a short transaction of its own,
 --   never one held across the callback). The row is read with a locking read before the
 --   UPDATE, so `alive` does not depend on the client's CLIENT_FOUND_ROWS flag when p_now equals
@@ -26,6 +28,7 @@
 CREATE PROCEDURE {{ table }}_heartbeat(
     IN p_id BIGINT UNSIGNED,
     IN p_attempt INT,
+    IN p_metadata LONGTEXT,
     IN p_now DATETIME(6)
 )
 MODIFIES SQL DATA
@@ -40,7 +43,7 @@ BEGIN
 
     IF v_alive > 0 THEN
         UPDATE {{ table }}
-        SET updated_at = v_now
+        SET updated_at = v_now, metadata = COALESCE(p_metadata, metadata)
         WHERE id = p_id AND state = 2 AND number_of_attempts = p_attempt;
     END IF;
 

@@ -47,8 +47,14 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     -- (pending_group, priority, id) gives a group's head, however many jobs wait in it.
     pending_group VARCHAR(255) COLLATE utf8mb4_bin
     GENERATED ALWAYS AS (CASE WHEN state IN (-1, 1, 4, 6, 8) THEN serial_group END) STORED,
+    -- The priority of an ungrouped job `bgq work` may claim (1, 4, 6, 8), else NULL: its index
+    -- gives {{ table }}_claim_batch the ungrouped jobs in (priority, id) order.
+    ungrouped_priority INT
+    GENERATED ALWAYS AS (CASE WHEN serial_group IS NULL AND state IN (1, 4, 6, 8) THEN priority END)
+    STORED,
     PRIMARY KEY (id),
     UNIQUE KEY {{ table }}_running_group (running_group),
+    KEY {{ table }}_ungrouped (ungrouped_priority, id),
     KEY {{ table }}_pending_head (pending_group, priority, id),
     KEY {{ table }}_group_state (serial_group, state, priority, id),
     KEY {{ table }}_state (state, id),
@@ -56,6 +62,15 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     CONSTRAINT {{ table }}_state_check CHECK (state IN (-1, 1, 2, 3, 4, 5, 6, 7, 8)),
     CONSTRAINT {{ table }}_mode_check CHECK (mode IN ('normal', 'unique', 'recurring'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
+
+-- Upgrade of a version 1 table (before `bgq work`): the column and index above. A no-op on a
+-- new table. MariaDB syntax; MySQL 8 has no IF NOT EXISTS here: run the ALTER once by hand,
+-- without both IF NOT EXISTS, when upgrading a version 1 table.
+ALTER TABLE {{ table }}
+ADD COLUMN IF NOT EXISTS ungrouped_priority INT  -- noqa: PRS, LT02
+GENERATED ALWAYS AS (CASE WHEN serial_group IS NULL AND state IN (1, 4, 6, 8) THEN priority END)  -- noqa
+STORED,  -- noqa: PRS, LT02
+ADD INDEX IF NOT EXISTS {{ table }}_ungrouped (ungrouped_priority, id);
 
 CREATE TABLE IF NOT EXISTS {{ table }}_group (
     serial_group VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,

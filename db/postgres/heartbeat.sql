@@ -1,9 +1,11 @@
--- bgq {{ table }}_heartbeat, version 1 (PostgreSQL 15)
+-- bgq {{ table }}_heartbeat, version 2 (PostgreSQL 15)
 --
 -- Contract
---   SELECT * FROM {{ table }}_heartbeat(p_id, p_attempt, p_now)
+--   SELECT * FROM {{ table }}_heartbeat(p_id, p_attempt, p_metadata, p_now)
 --   p_id       the job the caller is running.
 --   p_attempt  the claim token returned by {{ table }}_claim (its `attempt`).
+--   p_metadata JSON text to store in metadata as well (NULL: metadata unchanged); `bgq work`
+--              stores on_processing_get_metadata's value this way when a batched job starts.
 --   p_now      the clock (TIMESTAMPTZ); NULL means clock_timestamp().
 -- Result: exactly one row
 --   alive  1 if the job is still PROCESSING under the caller's claim (its updated_at is now
@@ -11,7 +13,7 @@
 --          finished, or moved by a person): nothing changed.
 -- The worker's proof of life for a long callback: the reaper ({{ table }}_reap) judges liveness by
 --   updated_at only, so a job whose worker calls this more often than stalled_job_timeout is
---   never reaped. Nothing but updated_at changes; there is no queue filter.
+--   never reaped. Nothing but updated_at (and metadata, if given) changes; no queue filter.
 -- Locks: the job row only, until the caller commits (call it in a short transaction of its own,
 --   never one held across the callback). ROW_COUNT counts the rows the UPDATE matched, so
 --   `alive` is 1 even when p_now equals the stored updated_at.
@@ -26,6 +28,7 @@
 CREATE OR REPLACE FUNCTION {{ table }}_heartbeat(
     p_id BIGINT,
     p_attempt INTEGER,
+    p_metadata TEXT,
     p_now TIMESTAMPTZ DEFAULT NULL
 )
 RETURNS TABLE (
@@ -40,7 +43,7 @@ DECLARE
     v_alive INTEGER := 0;
 BEGIN
     UPDATE {{ table }} AS j
-    SET updated_at = v_now
+    SET updated_at = v_now, metadata = COALESCE(p_metadata::JSON, j.metadata)
     WHERE j.id = p_id AND j.state = 2 AND j.number_of_attempts = p_attempt;
     GET DIAGNOSTICS v_alive = ROW_COUNT;
 

@@ -62,6 +62,10 @@ ON {{ table }} (serial_group, priority, id) WHERE state IN (-1, 1, 4, 6, 8);
 CREATE INDEX IF NOT EXISTS {{ table }}_waiting_head
 ON {{ table }} (serial_group, priority, id) WHERE state = 6;
 
+-- Ungrouped jobs `bgq work` may claim ({{ table }}_claim_batch), in (priority, id) order.
+CREATE INDEX IF NOT EXISTS {{ table }}_ungrouped
+ON {{ table }} (priority, id) WHERE serial_group IS NULL AND state IN (1, 4, 6, 8);
+
 CREATE INDEX IF NOT EXISTS {{ table }}_state ON {{ table }} (state, id);
 
 CREATE INDEX IF NOT EXISTS {{ table }}_identifier ON {{ table }} (identifier);
@@ -74,6 +78,16 @@ CREATE TABLE IF NOT EXISTS {{ table }}_group (
 );
 
 CREATE INDEX IF NOT EXISTS {{ table }}_group_waiting ON {{ table }}_group (waiting_head_id);
+
+-- Every INSERT statement into the jobs table sends a NOTIFY on the channel named like the table
+-- (one per statement, after commit): an idle `bgq work` wakes at once instead of at its next
+-- poll. A hint only: workers poll as well. (The body stays on one line: the installer splits
+-- this file at semicolons that end a line.)
+CREATE OR REPLACE FUNCTION {{ table }}_notify() RETURNS TRIGGER LANGUAGE plpgsql AS $$ BEGIN PERFORM PG_NOTIFY('{{ table }}', ''); RETURN NULL; END; $$;  -- noqa: LT05
+
+CREATE OR REPLACE TRIGGER {{ table }}_notify
+AFTER INSERT ON {{ table }}
+FOR EACH STATEMENT EXECUTE FUNCTION {{ table }}_notify();
 
 CREATE TABLE IF NOT EXISTS {{ table }}_meta (
     name VARCHAR(64) NOT NULL PRIMARY KEY,

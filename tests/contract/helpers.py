@@ -22,7 +22,7 @@ QUEUE = "general"
 PID = 4242
 WAITING_MS = 1500
 
-# Generated on MySQL (running_group, pending_group): never written by hand.
+# Generated on MySQL (running_group, pending_group, ungrouped_priority): never written by hand.
 _JSON_COLUMNS = ("parameters_json", "metadata", "memory")
 _TIME_COLUMNS = ("created_at", "last_attempt_at", "finished_at", "updated_at")
 
@@ -79,7 +79,7 @@ def new_job(
 
 def set_row(installed: Any, job_id: int, **columns: Any) -> None:
     """Set columns of a job by raw SQL (a state set by hand); never the MySQL generated columns."""
-    assert not {"running_group", "pending_group"} & columns.keys()
+    assert not {"running_group", "pending_group", "ungrouped_priority"} & columns.keys()
     assignments = ", ".join(f"{name} = %s" for name in columns)
     installed.sql(f"UPDATE {{t}} SET {assignments} WHERE id = %s", (*columns.values(), job_id))
 
@@ -89,7 +89,9 @@ def row(installed: Any, job_id: int) -> dict[str, Any] | None:
     rows = installed.sql("SELECT * FROM {t} WHERE id = %s", (job_id,))
     if not rows:
         return None
-    out = {k: v for k, v in rows[0].items() if k not in ("running_group", "pending_group")}
+    out = {
+        k: v for k, v in rows[0].items() if k not in ("running_group", "pending_group", "ungrouped_priority")
+    }
     for name in _TIME_COLUMNS:
         out[name] = utc(out[name])
     for name in _JSON_COLUMNS:
@@ -255,3 +257,34 @@ def old_snapshot(installed: Any) -> Iterator[None]:
     finally:
         conn.rollback()
         conn.close()
+
+
+def claim_batch(
+    installed: Any,
+    limit: int | None = 10,
+    *,
+    queue: str = QUEUE,
+    pid: int = PID,
+    min_priority: int | None = None,
+    max_priority: int | None = None,
+    group: str | None = None,
+    waiting_ms: int = WAITING_MS,
+    now: dt.datetime = T0,
+    conn: Connection | None = None,
+) -> list[Any]:
+    """One claim_batch (a list of bgq.procs.Claimed) in a transaction of its own (or on `conn`)."""
+    args = (queue, limit, pid, min_priority, max_priority, group, waiting_ms, now)
+    if conn is not None:
+        return procs(installed).claim_batch(conn, *args)
+    with installed.db.transaction() as own:
+        return procs(installed).claim_batch(own, *args)
+
+
+def finish_batch(
+    installed: Any, results: list[Any], *, now: dt.datetime = T0, conn: Connection | None = None
+) -> dict[int, bool]:
+    """One finish_batch of bgq.procs.JobResult objects in a transaction of its own (or on `conn`)."""
+    if conn is not None:
+        return procs(installed).finish_batch(conn, results, now)
+    with installed.db.transaction() as own:
+        return procs(installed).finish_batch(own, results, now)

@@ -155,7 +155,7 @@ def test_alive_does_not_depend_on_the_clients_found_rows_flag(installed):
         )  # fmt: skip
     try:
         with conn.cursor() as cursor:
-            cursor.execute(sql, (job, attempt, T0))  # updated_at is T0 already: no row changes
+            cursor.execute(sql, (job, attempt, None, T0))  # updated_at is T0 already: no row changes
             rows = [tuple(r) for r in cursor.fetchall()]
             while cursor.nextset():  # MySQL: the CALL's status result
                 pass
@@ -208,6 +208,6 @@ def test_returned_columns(installed):
     assert claim(installed, job, now=T0).outcome == "claimed"
     with installed.db.transaction() as conn:
         sql = installed.db.dialect.call_sql(installed.table, HEARTBEAT)
-        result = conn.exec_driver_sql(sql, (job, 1, at(1)))
+        result = conn.exec_driver_sql(sql, (job, 1, None, at(1)))
         assert list(result.keys()) == ["alive"]
         assert [tuple(r) for r in result.all()] == [(1,)]

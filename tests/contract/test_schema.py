@@ -101,7 +101,7 @@ def _index_names(installed):
 
 
 def test_indexes_of_the_hot_queries_exist(installed):
-    suffixes = ("running_group", "pending_head", "state", "identifier", "group_waiting")
+    suffixes = ("running_group", "pending_head", "ungrouped", "state", "identifier", "group_waiting")
     assert {f"{installed.table}_{s}" for s in suffixes} <= _index_names(installed)
 
 

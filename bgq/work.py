@@ -1,0 +1,343 @@
+"""`bgq work`: a long-running worker on the database alone: batch claims, group hand-off, batched results.
+
+One worker process runs one job at a time on its main thread and keeps a second thread, the
+writer, for bookkeeping:
+
+- Claims: `{table}_claim_batch` claims up to `size` due jobs in one transaction (ungrouped jobs
+  and the heads of idle groups, in (priority, id) order). `size` adapts to how long jobs take,
+  so that one claim holds about BATCH_BUDGET seconds of work (1 for slow jobs, up to
+  `batch_max` for fast ones).
+- Results of ungrouped jobs go to the writer, which writes whatever has accumulated with one
+  `{table}_finish_batch` while the main thread runs the next job (group commit): a result waits
+  for one commit, never for a batch to fill or for a slow job to end.
+- A grouped job's result is written at once by `{table}_finish` on the main thread, and in the
+  same transaction `{table}_claim_batch` with the group's name claims the group's next head for
+  this worker, which runs it next: a group's successor waits for nothing.
+- Jobs with a clone (RECURRING, WaitingException) are written by `{table}_finish` too.
+- A claimed job that has not started within HOLD_SECONDS (and half of stalled_job_timeout) is
+  given back (state READY, attempts restored) by the writer, so a slow job never holds others
+  hostage and the reaper never finds a claimed-but-unstarted job.
+- Idle: PostgreSQL waits on LISTEN (the insert trigger NOTIFYs) up to `poll` seconds; MySQL
+  polls, starting at POLL_MIN seconds and doubling up to `poll`.
+- SIGTERM / SIGINT: the running job finishes and its result is written, unstarted claimed jobs
+  are given back, the results are flushed, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import FrameType
+
+from . import runner
+from .errors import BgqError, ConfigError
+from .procs import Claimed, FinishResult, JobResult, Listener
+from .queue import Queue
+from .states import JobState
+from .worker import GracefulStop
+
+BATCH_MAX = 100  # jobs one claim takes at most (`bgq work --batch`)
+BATCH_BUDGET = 0.05  # seconds of work one claim should hold
+HOLD_SECONDS = 1.0  # a claimed job not started within this is given back
+POLL_SECONDS = 1.0  # longest idle wait between two claims (`bgq work --poll`)
+POLL_MIN = 0.005  # first idle wait on MySQL after work was found
+WRITE_TRIES = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)  # the writer's pauses before each try
+
+
+@dataclass
+class _Held:
+    """A claimed job waiting its turn on the main thread."""
+
+    job: Claimed
+    claimed_at: float  # time.monotonic() taken before the claim's transaction began
+
+
+@dataclass
+class _Done:
+    """An ungrouped job's result waiting for the writer."""
+
+    job: Claimed
+    outcome: runner.Outcome | None  # None: given back unstarted
+
+
+def work(
+    queue: Queue,
+    sub_queue: str | None = None,
+    priorities: Sequence[int] | None = None,
+    stop: GracefulStop | None = None,
+    *,
+    batch_max: int = BATCH_MAX,
+    poll: float = POLL_SECONDS,
+) -> int:
+    """Run jobs until `stop.requested` (SIGTERM/SIGINT) or a DieException; return the exit code 0.
+
+    `priorities`: only jobs whose priority lies between their min and max (None: all).
+    """
+    if queue.config.producer is not None:
+        raise ConfigError("bgq work runs on the database alone; this queue has a broker: use `bgq consume`.")
+    if batch_max < 1 or poll <= 0:
+        raise ConfigError("bgq work: --batch must be at least 1 and --poll greater than 0.")
+    worker = _Worker(queue, queue.config.queue_name(sub_queue), priorities, stop or GracefulStop())
+    worker.batch_max, worker.poll = batch_max, poll
+    return worker.run()
+
+
+class _Worker:
+    def __init__(self, queue: Queue, base: str, priorities: Sequence[int] | None, stop: GracefulStop) -> None:
+        self.queue = queue
+        self.base = base
+        self.low = min(priorities) if priorities else None
+        self.high = max(priorities) if priorities else None
+        self.stop = stop
+        self.batch_max = BATCH_MAX
+        self.poll = POLL_SECONDS
+        timeout = queue.config.stalled_job_timeout
+        self.hold = min(HOLD_SECONDS, timeout / 2) if timeout else HOLD_SECONDS
+        self.pid = os.getpid()
+        self.seconds_per_job = BATCH_BUDGET  # moving average; starts as "slow" (batches of 1)
+        self.held: deque[_Held] = deque()
+        self.done: list[_Done] = []
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.closing = False
+
+    # --- main thread ---
+
+    def run(self) -> int:
+        with self.queue.database.pinned():
+            return self._loop()
+
+    def _loop(self) -> int:
+        listener = self.queue.procs.listener()
+        writer = threading.Thread(target=self._writer, name="bgq-work-writer", daemon=True)
+        writer.start()
+        idle = POLL_MIN
+        try:
+            while not self.stop.requested and not self.queue.should_die:
+                held = self._next()
+                if held is not None:
+                    self._run(held)
+                    continue
+                try:
+                    if self._claim(None, self._size()):
+                        idle = POLL_MIN
+                        continue
+                except BgqError as exc:  # the database is down: log it, wait, try again
+                    self.queue.log.critical(f"bgq: Claiming jobs failed. ({exc})")
+                    time.sleep(self.poll)
+                    continue
+                listener = self._idle(listener, idle)
+                idle = min(idle * 2, self.poll)
+        finally:
+            with self.lock:
+                self.closing = True
+                self.done.extend(_Done(h.job, None) for h in self.held)
+                self.held.clear()
+                self.wake.notify()
+            writer.join()
+            if listener is not None:
+                listener.close()
+        return 0
+
+    def _idle(self, listener: Listener | None, idle: float) -> Listener | None:
+        """Wait for work: on LISTEN (PostgreSQL) up to `poll` seconds, else `idle` seconds."""
+        if listener is None:
+            time.sleep(idle)
+            return None
+        try:
+            listener.wait(self.poll)
+            return listener
+        except Exception as exc:  # the LISTEN connection broke: poll until a new one opens
+            self.queue.log.warning(f"bgq: The LISTEN connection failed; reconnecting. ({exc})")
+            listener.close()
+            time.sleep(self.poll)
+            try:
+                return self.queue.procs.listener()
+            except Exception:
+                return None
+
+    def _size(self) -> int:
+        return max(1, min(self.batch_max, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))
+
+    def _next(self) -> _Held | None:
+        """The next claimed job to run; one that waited longer than `hold` is given back instead."""
+        with self.lock:
+            self._release_stale()
+            if self.done:
+                self.wake.notify()
+            return self.held.popleft() if self.held else None
+
+    def _claim(self, group: str | None, size: int) -> int:
+        """Claim up to `size` jobs (only `group`'s head when given) and queue them; how many."""
+        started = time.monotonic()
+        jobs = self.queue._retrying(lambda conn: self._claim_in(conn, group, size))
+        self._hold(jobs, started, front=False)
+        return len(jobs)
+
+    def _claim_in(self, conn, group: str | None, size: int) -> list[Claimed]:  # type: ignore[no-untyped-def]
+        cfg = self.queue.config
+        return self.queue.procs.claim_batch(
+            conn, self.base, size, self.pid, self.low, self.high, group, cfg.waiting_job_expiration
+        )
+
+    def _hold(self, jobs: list[Claimed], claimed_at: float, front: bool) -> None:
+        with self.lock:
+            if front:
+                self.held.extendleft(_Held(job, claimed_at) for job in reversed(jobs))
+            else:
+                self.held.extend(_Held(job, claimed_at) for job in jobs)
+
+    def _run(self, held: _Held) -> None:
+        queue, job = self.queue, held.job
+        if queue.config.on_processing_get_metadata is not None:
+            queue._store_metadata(job.id, job.claim.attempt or 0)
+        started = time.monotonic()
+        queue._heartbeat.start(job.id, job.claim.attempt or 0, claimed_at=held.claimed_at)
+        try:
+            outcome = queue._run(job.id, job.claim)
+        finally:
+            queue._heartbeat.stop()
+        self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - started)
+        group = job.claim.serial_group
+        if group is not None or queue._clone_delay(job.claim, outcome) is not None:
+            claimed_at = time.monotonic()
+            successor = queue._finish(
+                job.id,
+                job.claim,
+                outcome,
+                then=(lambda conn: self._claim_in(conn, group, 1)) if group is not None else None,
+            )
+            self._hold(successor or [], claimed_at, front=True)
+        else:
+            with self.lock:
+                self.done.append(_Done(job, outcome))
+                self.wake.notify()
+        if outcome.die:
+            queue.should_die = True
+
+    # --- writer thread ---
+
+    def _writer(self) -> None:
+        with self.queue.database.pinned():
+            self._write_until_closed()
+
+    def _write_until_closed(self) -> None:
+        while True:
+            with self.lock:
+                self.wake.wait_for(lambda: self.done or self.closing or self._stale(), timeout=self.hold / 4)
+                self._release_stale()
+                batch, self.done = self.done, []
+                closing = self.closing
+            if batch:
+                self._write(batch)
+            elif closing:
+                return
+
+    def _stale(self) -> bool:
+        return bool(self.held) and time.monotonic() - self.held[0].claimed_at > self.hold
+
+    def _release_stale(self) -> None:
+        """Give back claimed jobs that waited too long to start (the lock is held)."""
+        now = time.monotonic()
+        keep: deque[_Held] = deque()
+        for held in self.held:
+            if now - held.claimed_at > self.hold:
+                self.done.append(_Done(held.job, None))
+            else:
+                keep.append(held)
+        self.held = keep
+
+    def _write(self, batch: list[_Done]) -> None:
+        queue = self.queue
+        results = [_result(d) for d in batch]
+        written: dict[int, bool] | None = None
+        for pause in WRITE_TRIES:
+            time.sleep(pause)
+            try:
+                with queue.database.transaction() as conn:
+                    written = queue.procs.finish_batch(conn, results)
+                break
+            except BgqError as exc:
+                queue.log.critical(f"bgq: Writing {len(results)} results failed; retrying.", exc_info=exc)
+        if written is None:
+            return  # the jobs stay PROCESSING; the reaper gives them back after stalled_job_timeout
+        for done in batch:
+            if done.outcome is None:
+                continue
+            result = FinishResult(written.get(done.job.id, False), None, None, None)
+            queue._after_finish(done.job.id, done.job.claim, done.outcome, result, None)
+
+
+def _result(done: _Done) -> JobResult:
+    job, outcome = done.job, done.outcome
+    if outcome is None:
+        return JobResult(job.id, job.claim.attempt or 0, int(JobState.READY))
+    return JobResult(
+        job.id,
+        job.claim.attempt or 0,
+        int(outcome.state),
+        outcome.error,
+        outcome.postponed_by,
+        outcome.execution_time,
+        outcome.memory,
+    )
+
+
+def run_workers(make_queue: Callable[[], Queue], concurrency: int, **options: object) -> int:
+    """`bgq work --concurrency N`: N worker processes (forked), stopped together by SIGTERM/SIGINT.
+
+    A worker that dies (killed, or a crash) is started again after a second; one that exits by
+    itself (a DieException) is not. Returns the first non-zero exit code of a stopped worker, or 0.
+    """
+    if concurrency == 1:
+        queue = make_queue()
+        with GracefulStop() as stop:
+            return work(queue, stop=stop, **options)  # type: ignore[arg-type]
+    context = multiprocessing.get_context("fork")
+    stopping = threading.Event()
+
+    def start() -> multiprocessing.process.BaseProcess:
+        child = context.Process(target=_child, args=(make_queue, options), daemon=False)
+        child.start()
+        return child
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+        for child in children:
+            if child.pid is not None and child.exitcode is None:
+                os.kill(child.pid, signal.SIGTERM)
+
+    children = [start() for _ in range(concurrency)]
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    code = 0
+    try:
+        while children:
+            for child in list(children):
+                child.join(timeout=0.2)
+                if child.exitcode is None:
+                    continue
+                children.remove(child)
+                if child.exitcode != 0 and not stopping.is_set():
+                    time.sleep(1.0)
+                    children.append(start())
+                elif child.exitcode != 0 and code == 0:
+                    code = 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code
+
+
+def _child(make_queue: Callable[[], Queue], options: dict) -> None:
+    queue = make_queue()
+    queue.database.engine.dispose(close=False)  # never share the parent's pooled sockets
+    with GracefulStop() as stop:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent forwards Ctrl-C as SIGTERM
+        code = work(queue, stop=stop, **options)
+    os._exit(code)

@@ -1,0 +1,219 @@
+-- bgq {{ table }}_claim_batch, version 2 (PostgreSQL 15)
+--
+-- Contract
+--   SELECT * FROM {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority,
+--                                         p_max_priority, p_group, p_waiting_ms, p_now)
+--   p_queue         the base queue: jobs in it or in a sub-queue '<p_queue>_<sub>'.
+--   p_limit         at most this many jobs are claimed (>= 1).
+--   p_pid           the worker's process id (stored for people).
+--   p_min_priority, p_max_priority: only jobs with a priority in this range (NULL: no bound).
+--   p_group         NULL: ungrouped jobs and the heads of idle groups; a group name: only that
+--                   group's head (the worker that just finished the group's job hands it on).
+--   p_waiting_ms    passed to {{ table }}_claim_job (a head that lost a race turns WAITING).
+--   p_now           the clock (TIMESTAMPTZ); NULL means clock_timestamp().
+-- Result: one row per claimed job, ordered by priority then id; each is PROCESSING, the caller's
+--   id, attempt     the job and its claim token for {{ table }}_finish / {{ table }}_finish_batch.
+--   callback_name, parameters_json, parameters, queue, priority, serial_group, identifier,
+--   mode, coalesce_threshold: the job as stored.
+-- Claimable: a due job (as in {{ table }}_due_jobs without a broker: READY, TEMPORARILY_FAILED,
+--   WAITING or BROKER_FAILED whose postponement has passed) of the queue and priority range that
+--   is either ungrouped, or the head of its group (first in (priority, id) among the group's
+--   unstarted jobs of every queue and state -1, 1, 4, 6, 8, due or not) while no job of the
+--   group is PROCESSING. A group whose head is not due, or is in another queue or priority
+--   range, is skipped as a whole: order inside a group never bends.
+-- Steps: the first p_limit of (ungrouped candidates, taken FOR UPDATE SKIP LOCKED) and (group
+--   heads, found by one index dive per group on {{ table }}_pending_head) in (priority, id)
+--   order. Ungrouped jobs that are not UNIQUE are claimed by one UPDATE (the same columns as
+--   {{ table }}_claim_job writes: PROCESSING, attempts + 1, last_attempt_at, pid; postponed_by,
+--   error_message and metadata cleared). Group heads and UNIQUE jobs go through
+--   {{ table }}_claim_job one by one, in serial_group order, which re-checks them under the group
+--   lock (predecessor, UNIQUE duplicate, coalescing); only its 'claimed' jobs are returned.
+-- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows one at
+--   a time in serial_group order (so two batch claims cannot deadlock on each other), each
+--   waiting at most 3 s ({{ table }}_claim_job; 'locked' just leaves the head out).
+-- Fencing: every write is conditional on a claimable state.
+-- Errors: SQLSTATE BQ002 when p_limit is NULL or < 1 (nothing written).
+-- Idempotent: no (each call claims more jobs); a claimed job is never claimed again.
+-- Transaction: never commits (a function cannot). Call it inside BEGIN ... COMMIT at READ
+--   COMMITTED; the locks last until the end of the caller's transaction.
+CREATE OR REPLACE FUNCTION {{ table }}_claim_batch(
+    p_queue VARCHAR,
+    p_limit INTEGER,
+    p_pid INTEGER,
+    p_min_priority INTEGER,
+    p_max_priority INTEGER,
+    p_group VARCHAR,
+    p_waiting_ms INTEGER,
+    p_now TIMESTAMPTZ DEFAULT NULL
+)
+RETURNS TABLE (
+    id BIGINT,
+    attempt INTEGER,
+    callback_name VARCHAR,
+    parameters_json JSON,
+    parameters BYTEA,
+    queue VARCHAR,
+    priority INTEGER,
+    serial_group VARCHAR,
+    identifier VARCHAR,
+    mode VARCHAR,
+    coalesce_threshold BIGINT
+)
+LANGUAGE plpgsql
+VOLATILE
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now TIMESTAMPTZ := COALESCE(p_now, CLOCK_TIMESTAMP());
+    v_min INTEGER := COALESCE(p_min_priority, -2147483648);
+    v_max INTEGER := COALESCE(p_max_priority, 2147483647);
+    v_plain BIGINT[];
+    v_other BIGINT[];
+    v_claimed BIGINT[];
+    v_id BIGINT;
+    c RECORD;
+BEGIN
+    IF p_limit IS NULL OR p_limit < 1 THEN
+        RAISE EXCEPTION 'bgq: claim_batch limit must be at least 1' USING ERRCODE = 'BQ002';
+    END IF;
+
+    IF p_group IS NOT NULL THEN
+        -- The hand-off: only this group's head, if it is claimable (one index dive).
+        SELECT COALESCE(ARRAY_AGG(h.id), '{}'), '{}' INTO v_other, v_plain
+        FROM (
+            SELECT g.id, g.priority, g.state, g.queue, g.created_at, g.last_attempt_at,
+                g.postponed_by, g.processed_by_broker
+            FROM {{ table }} AS g
+            WHERE g.serial_group = p_group AND g.state IN (-1, 1, 4, 6, 8)
+            ORDER BY g.priority, g.id
+            LIMIT 1
+        ) AS h
+        WHERE
+            h.state IN (1, 4, 6, 8)
+            AND h.priority BETWEEN v_min AND v_max
+            AND (h.queue = p_queue OR LEFT(h.queue, LENGTH(p_queue) + 1) = p_queue || '_')
+            AND (
+                h.processed_by_broker = 1
+                OR GREATEST(h.created_at, COALESCE(h.last_attempt_at, h.created_at))
+                + CEIL(COALESCE(h.postponed_by, 0) / 1000.0) * INTERVAL '1 second' <= v_now
+            )
+            AND NOT EXISTS (
+                SELECT 1 FROM {{ table }} AS x WHERE x.serial_group = p_group AND x.state = 2
+            );
+    ELSE
+        SELECT
+            COALESCE(ARRAY_AGG(c.id) FILTER (WHERE c.serial_group IS NULL AND c.mode <> 'unique'), '{}'),
+            COALESCE(
+                ARRAY_AGG(c.id ORDER BY c.serial_group NULLS FIRST, c.id)
+                FILTER (WHERE c.serial_group IS NOT NULL OR c.mode = 'unique'),
+                '{}'
+            )
+        INTO v_plain, v_other
+        FROM (
+            SELECT f.id, f.priority, NULL::VARCHAR AS serial_group, f.mode
+            FROM (
+                SELECT j.id, j.priority, j.mode
+                FROM {{ table }} AS j
+                WHERE
+                    j.serial_group IS NULL
+                    AND j.state IN (1, 4, 6, 8)
+                    AND j.priority BETWEEN v_min AND v_max
+                    AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_')
+                    AND (
+                        j.processed_by_broker = 1
+                        OR GREATEST(j.created_at, COALESCE(j.last_attempt_at, j.created_at))
+                        + CEIL(COALESCE(j.postponed_by, 0) / 1000.0) * INTERVAL '1 second' <= v_now
+                    )
+                ORDER BY j.priority, j.id
+                LIMIT p_limit
+                FOR UPDATE SKIP LOCKED
+            ) AS f
+            UNION ALL
+            SELECT h.id, h.priority, h.serial_group, h.mode
+            FROM (
+                WITH RECURSIVE heads AS (
+                    (
+                        SELECT
+                            g.id, g.priority, g.serial_group, g.mode, g.state, g.queue, g.created_at,
+                            g.last_attempt_at, g.postponed_by, g.processed_by_broker
+                        FROM {{ table }} AS g
+                        WHERE
+                            g.serial_group IS NOT NULL
+                            AND g.state IN (-1, 1, 4, 6, 8)
+                        ORDER BY g.serial_group, g.priority, g.id
+                        LIMIT 1
+                    )
+                    UNION ALL
+                    SELECT n.*
+                    FROM heads AS h
+                    CROSS JOIN LATERAL (
+                        SELECT
+                            g.id, g.priority, g.serial_group, g.mode, g.state, g.queue, g.created_at,
+                            g.last_attempt_at, g.postponed_by, g.processed_by_broker
+                        FROM {{ table }} AS g
+                        WHERE
+                            g.serial_group > h.serial_group
+                            AND g.state IN (-1, 1, 4, 6, 8)
+                        ORDER BY g.serial_group, g.priority, g.id
+                        LIMIT 1
+                    ) AS n
+                )
+
+                SELECT * FROM heads
+            ) AS h
+            WHERE
+                h.state IN (1, 4, 6, 8)
+                AND h.priority BETWEEN v_min AND v_max
+                AND (h.queue = p_queue OR LEFT(h.queue, LENGTH(p_queue) + 1) = p_queue || '_')
+                AND (
+                    h.processed_by_broker = 1
+                    OR GREATEST(h.created_at, COALESCE(h.last_attempt_at, h.created_at))
+                    + CEIL(COALESCE(h.postponed_by, 0) / 1000.0) * INTERVAL '1 second' <= v_now
+                )
+                AND NOT EXISTS (
+                    SELECT 1 FROM {{ table }} AS x
+                    WHERE x.serial_group = h.serial_group AND x.state = 2
+                )
+            ORDER BY 2, 1
+            LIMIT p_limit
+        ) AS c;
+    END IF;
+
+    UPDATE {{ table }} AS j
+    SET state = 2,
+        number_of_attempts = j.number_of_attempts + 1,
+        last_attempt_at = v_now,
+        pid = p_pid,
+        postponed_by = NULL,
+        error_message = NULL,
+        metadata = NULL,
+        updated_at = v_now
+    WHERE j.id = ANY(v_plain) AND j.state IN (1, 4, 6, 8);
+    v_claimed := v_plain;
+
+    FOREACH v_id IN ARRAY v_other LOOP
+        SELECT * INTO c
+        FROM {{ table }}_claim_job(v_id, p_queue, p_pid, p_waiting_ms, NULL, v_now);
+        IF c.o_outcome = 'claimed' THEN
+            v_claimed := v_claimed || v_id;
+        END IF;
+    END LOOP;
+
+    RETURN QUERY
+    SELECT
+        j.id,
+        j.number_of_attempts,
+        j.callback_name,
+        j.parameters_json,
+        j.parameters,
+        j.queue,
+        j.priority,
+        j.serial_group,
+        j.identifier,
+        j.mode,
+        j.coalesce_threshold
+    FROM {{ table }} AS j
+    WHERE j.id = ANY(v_claimed) AND j.state = 2
+    ORDER BY j.priority, j.id;
+END;
+$$;
