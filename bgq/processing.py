@@ -200,24 +200,33 @@ class Processing:
         group on to its next job there); its value is returned."""
         memory = json.dumps(outcome.memory) if outcome.memory is not None else None
         clone_delay = self._clone_delay(claim, outcome)
-        result, extra = None, None
-        for wait in (0, 1, 2, 4, 8):
-            time.sleep(wait)
-            try:
-                with self.database.transaction() as conn:
-                    result = self.procs.finish(
-                        conn, job_id, claim.attempt or 0, int(outcome.state), outcome.error,
-                        outcome.postponed_by, outcome.execution_time, memory, clone_delay_ms=clone_delay,
-                    )  # fmt: skip
-                    extra = then(conn) if then is not None else None
-                break
-            except BgqError as exc:
-                self.log.critical(f"bgq: Writing the result failed; retrying. (ID: {job_id})", exc_info=exc)
+
+        def write(conn: Connection) -> tuple[FinishResult, T | None]:
+            result = self.procs.finish(
+                conn, job_id, claim.attempt or 0, int(outcome.state), outcome.error,
+                outcome.postponed_by, outcome.execution_time, memory, clone_delay_ms=clone_delay,
+            )  # fmt: skip
+            return result, (then(conn) if then is not None else None)
+
+        written = self._persist(write, f"bgq: Writing the result failed; retrying. (ID: {job_id})")
         if outcome.die:
             self.should_die = True
-        if result is not None:
-            self._after_finish(job_id, claim, outcome, result, clone_delay)
-        return extra
+        if written is None:
+            return None
+        self._after_finish(job_id, claim, outcome, written[0], clone_delay)
+        return written[1]
+
+    def _persist(self, call: Callable[[Connection], T], failure: str) -> T | None:
+        """Run `call` in a transaction, trying hard (the callback has run): after a failure
+        (logged at critical as `failure`) wait 1, 2, 4, 8 s and try again; None if all failed."""
+        for pause in (0, 1, 2, 4, 8):
+            time.sleep(pause)
+            try:
+                with self.database.transaction() as conn:
+                    return call(conn)
+            except BgqError as exc:
+                self.log.critical(failure, exc_info=exc)
+        return None
 
     def _clone_delay(self, claim: ClaimResult, outcome: runner.Outcome) -> int | None:
         """A RECURRING job that finished (a Skip too) and a WaitingException both leave a fresh copy,

@@ -51,6 +51,7 @@ CLAIM_BATCH = Proc(
         ("p_max_priority", "integer"),
         ("p_group", "varchar"),
         ("p_waiting_ms", "integer"),
+        ("p_results", "text"),
         ("p_now", "timestamptz"),
     ),
 )
@@ -107,8 +108,8 @@ ALL_PROCS: tuple[Proc, ...] = (
     MONITOR,
     CLEAR_FINISHED,
 )
-#: group_wake and claim_job are called by the others only, never by Python; installed all the same.
-INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()), Proc("claim_job", ()))
+#: Called by the other procedures only, never by Python; installed all the same.
+INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()), Proc("claim_job", ()), Proc("finish_results", ()))
 
 _INSERT_COLUMNS = (
     "queue",
@@ -258,10 +259,23 @@ class Procs:
     ) -> list[Claimed]:  # fmt: skip
         """Claim up to `limit` due jobs (ungrouped, or heads of idle groups; only `group`'s head
         when given), in (priority, id) order."""
+        return self.finish_and_claim(
+            conn, [], queue, limit, pid, min_priority, max_priority, group, waiting_ms, now
+        )[1]
+
+    def finish_and_claim(
+        self, conn: Connection, results: Sequence[JobResult], queue: str, limit: int, pid: int,
+        min_priority: int | None, max_priority: int | None, group: str | None, waiting_ms: int,
+        now: dt.datetime | None = None,
+    ) -> tuple[dict[int, bool], list[Claimed]]:  # fmt: skip
+        """Write `results` (as finish_batch), then claim as claim_batch, in one call:
+        ({job id: written}, claimed jobs)."""
+        payload = json.dumps([dataclasses.asdict(r) for r in results]) if results else None
         rows = self._call(
-            conn, CLAIM_BATCH, queue, limit, pid, min_priority, max_priority, group, waiting_ms, now
+            conn, CLAIM_BATCH, queue, limit, pid, min_priority, max_priority, group, waiting_ms, payload, now
         )
-        return [
+        written = {int(r["id"]): bool(r["finished"]) for r in rows if r["finished"] is not None}
+        claimed = [
             Claimed(
                 r["id"],
                 ClaimResult(
@@ -282,7 +296,9 @@ class Procs:
                 ),  # fmt: skip
             )
             for r in rows
+            if r["finished"] is None
         ]
+        return written, claimed
 
     def finish_batch(
         self, conn: Connection, results: Sequence[JobResult], now: dt.datetime | None = None

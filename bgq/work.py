@@ -47,7 +47,6 @@ BATCH_BUDGET = 0.05  # seconds of work one claim should hold
 HOLD_SECONDS = 1.0  # a claimed job not started within this is given back
 POLL_SECONDS = 1.0  # longest idle wait between two claims (`bgq work --poll`)
 POLL_MIN = 0.005  # first idle wait on MySQL after work was found
-WRITE_TRIES = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)  # the writer's pauses before each try
 
 
 @dataclass
@@ -205,7 +204,7 @@ class _Worker:
             queue._heartbeat.stop()
         self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - started)
         group = job.claim.serial_group
-        if group is not None or queue._clone_delay(job.claim, outcome) is not None:
+        if queue._clone_delay(job.claim, outcome) is not None:  # RECURRING, WaitingException
             claimed_at = time.monotonic()
             successor = queue._finish(
                 job.id,
@@ -214,12 +213,39 @@ class _Worker:
                 then=(lambda conn: self._claim_in(conn, group, 1)) if group is not None else None,
             )
             self._hold(successor or [], claimed_at, front=True)
+        elif group is not None:
+            self._hand_off(job, outcome, group)
         else:
             with self.lock:
                 self.done.append(_Done(job, outcome))
                 self.wake.notify()
         if outcome.die:
             queue.should_die = True
+
+    def _hand_off(self, job: Claimed, outcome: runner.Outcome, group: str) -> None:
+        """Write a grouped job's result and claim its group's next head for this worker, in one
+        call and one transaction; the head runs next."""
+        queue, cfg = self.queue, self.queue.config
+        claimed_at = time.monotonic()
+        done = queue._persist(
+            lambda conn: queue.procs.finish_and_claim(
+                conn,
+                [_result(_Done(job, outcome))],
+                self.base,
+                1,
+                self.pid,
+                self.low,
+                self.high,
+                group,
+                cfg.waiting_job_expiration,
+            ),  # fmt: skip
+            f"bgq: Writing the result failed; retrying. (ID: {job.id})",
+        )
+        if done is None:
+            return
+        written, successor = done
+        queue._after_finish(job.id, job.claim, outcome, _written(written, job.id), None)
+        self._hold(successor, claimed_at, front=True)
 
     # --- writer thread ---
 
@@ -256,22 +282,22 @@ class _Worker:
     def _write(self, batch: list[_Done]) -> None:
         queue = self.queue
         results = [_result(d) for d in batch]
-        written: dict[int, bool] | None = None
-        for pause in WRITE_TRIES:
-            time.sleep(pause)
-            try:
-                with queue.database.transaction() as conn:
-                    written = queue.procs.finish_batch(conn, results)
-                break
-            except BgqError as exc:
-                queue.log.critical(f"bgq: Writing {len(results)} results failed; retrying.", exc_info=exc)
+        written = queue._persist(
+            lambda conn: queue.procs.finish_batch(conn, results),
+            f"bgq: Writing {len(results)} results failed; retrying.",
+        )
         if written is None:
             return  # the jobs stay PROCESSING; the reaper gives them back after stalled_job_timeout
         for done in batch:
-            if done.outcome is None:
-                continue
-            result = FinishResult(written.get(done.job.id, False), None, None, None)
-            queue._after_finish(done.job.id, done.job.claim, done.outcome, result, None)
+            if done.outcome is not None:
+                queue._after_finish(
+                    done.job.id, done.job.claim, done.outcome, _written(written, done.job.id), None
+                )
+
+
+def _written(written: dict[int, bool], job_id: int) -> FinishResult:
+    """finish_batch's answer for one job, as the single finish would have given it."""
+    return FinishResult(written.get(job_id, False), None, None, None)
 
 
 def _result(done: _Done) -> JobResult:

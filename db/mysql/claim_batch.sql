@@ -2,7 +2,7 @@
 --
 -- Contract
 --   CALL {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority, p_max_priority,
---                                p_group, p_waiting_ms, p_now)
+--                                p_group, p_waiting_ms, p_results, p_now)
 --   p_queue         the base queue: jobs in it or in a sub-queue '<p_queue>_<sub>'.
 --   p_limit         at most this many jobs are claimed (>= 1).
 --   p_pid           the worker's process id (stored for people).
@@ -10,33 +10,42 @@
 --   p_group         NULL: ungrouped jobs and the heads of idle groups; a group name: only that
 --                   group's head (the worker that just finished the group's job hands it on).
 --   p_waiting_ms    passed to {{ table }}_claim_job (a head that lost a race turns WAITING).
+--   p_results       NULL, or results to write first, in the same transaction: the JSON of
+--                   {{ table }}_finish_batch, written by {{ table }}_finish_results (its errors
+--                   included). A worker finishes a grouped job and claims the group's next head
+--                   in one call this way.
 --   p_now           the clock (DATETIME(6), UTC); NULL means UTC_TIMESTAMP(6).
 -- Result: one row per claimed job, ordered by priority then id; each is PROCESSING, the caller's
 --   id, attempt     the job and its claim token for {{ table }}_finish / {{ table }}_finish_batch.
 --   callback_name, parameters_json, parameters, queue, priority, serial_group, identifier,
 --   mode, coalesce_threshold: the job as stored.
+--   finished        NULL on those rows. Before them, one row per p_results object: its id,
+--                   finished 1 if written or 0 if fenced out, every other column NULL.
 -- Claimable: a due job (as in {{ table }}_due_jobs without a broker: READY, TEMPORARILY_FAILED,
 --   WAITING or BROKER_FAILED whose postponement has passed) of the queue and priority range that
 --   is either ungrouped, or the head of its group (first in (priority, id) among the group's
 --   unstarted jobs of every queue and state -1, 1, 4, 6, 8, due or not) while no job of the
 --   group is PROCESSING. A group whose head is not due, or is in another queue or priority
 --   range, is skipped as a whole: order inside a group never bends.
--- Steps: the first p_limit of (ungrouped candidates on {{ table }}_ungrouped, taken FOR UPDATE
---   SKIP LOCKED) and (group heads: a recursive walk that takes one index dive per group on
---   {{ table }}_pending_head) in (priority, id) order. Ungrouped jobs that are not UNIQUE are
---   claimed by one UPDATE (the same columns as {{ table }}_claim_job writes: PROCESSING,
---   attempts + 1, last_attempt_at, pid; postponed_by, error_message and metadata cleared).
---   Group heads and UNIQUE jobs go through {{ table }}_claim_job one by one, in serial_group
---   order, which re-checks them under the group lock (predecessor, UNIQUE duplicate,
---   coalescing); only its 'claimed' jobs are returned.
--- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows one at
---   a time in serial_group order (so two batch claims cannot deadlock on each other), each
---   waiting at most 3 s ({{ table }}_claim_job; 'locked' just leaves the head out).
+-- Steps: candidates are up to p_limit ungrouped jobs (taken FOR UPDATE SKIP LOCKED) and up to
+--   2 * p_limit + 2 group heads (each group's best priority from one pass over
+--   {{ table }}_pending_head, then its first id there), tried in (priority, id) order until
+--   p_limit are claimed. An ungrouped job that is not UNIQUE is
+--   claimed by an UPDATE of the same columns {{ table }}_claim_job writes (PROCESSING,
+--   attempts + 1, last_attempt_at, pid; postponed_by, error_message and metadata cleared). A
+--   group head or a UNIQUE job goes through {{ table }}_claim_job, which re-checks it under the
+--   group lock (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs are returned.
+-- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
+--   UPDATE SKIP LOCKED too: a head whose group row another transaction holds (a claim or a
+--   finish in progress) is left out and the next candidate is tried, so batch claims neither
+--   wait for nor deadlock on each other. Only a group that has no row yet (never claimed) gets
+--   it from {{ table }}_claim_job, which waits at most 3 s for a concurrent first claim.
 -- Fencing: every write is conditional on a claimable state.
 -- Errors: 31002 / SQLSTATE BQ002 when p_limit is NULL or < 1 (nothing written).
 -- Idempotent: no (each call claims more jobs); a claimed job is never claimed again.
--- MySQL 8: the recursive walk's scalar MIN() subquery and SKIP LOCKED in a derived table are
---   accepted by MariaDB 10.11; MySQL 8.0.x accepts both too (8.0.1+ for SKIP LOCKED).
+-- MySQL 8: SKIP LOCKED (8.0.1+) in a derived table and JSON_TABLE (8.0.4+) are accepted by
+--   MariaDB 10.11 and MySQL 8 alike. The heads take one pass over the claimable grouped jobs
+--   (there is no loose index scan here): its cost grows with those rows, not with the groups.
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
 CREATE PROCEDURE {{ table }}_claim_batch(
     IN p_queue VARCHAR(255),
@@ -46,6 +55,7 @@ CREATE PROCEDURE {{ table }}_claim_batch(
     IN p_max_priority INT,
     IN p_group VARCHAR(255),
     IN p_waiting_ms INT,
+    IN p_results LONGTEXT,
     IN p_now DATETIME(6)
 )
 MODIFIES SQL DATA
@@ -55,6 +65,11 @@ BEGIN
     DECLARE v_max INT DEFAULT COALESCE(p_max_priority, 2147483647);
     DECLARE v_candidates LONGTEXT DEFAULT NULL;
     DECLARE v_claimed LONGTEXT DEFAULT '[]';
+    DECLARE v_count INT DEFAULT 0;
+    DECLARE v_heads INT DEFAULT 2 * p_limit + 2;
+    DECLARE v_locked INT DEFAULT 0;
+    DECLARE v_exists INT DEFAULT 0;
+    DECLARE v_written LONGTEXT DEFAULT '[]';
     DECLARE v_done INT DEFAULT 0;
     DECLARE v_id BIGINT UNSIGNED;
     DECLARE v_outcome VARCHAR(16);
@@ -62,18 +77,25 @@ BEGIN
     DECLARE v_state SMALLINT;
     DECLARE v_predecessor BIGINT UNSIGNED;
     DECLARE v_promoted BIGINT UNSIGNED;
+    DECLARE v_group VARCHAR(255);
+    DECLARE v_mode VARCHAR(16);
+    -- Every candidate by primary key, ungrouped first, then groups in serial_group order: no
+    -- statement scans (and waits for) rows of other transactions.
     DECLARE one_by_one CURSOR FOR
-        SELECT c.id
+        SELECT
+            c.id,
+            c.serial_group,
+            c.mode
         FROM
             JSON_TABLE(
-                v_candidates, '$[*]' COLUMNS (  -- noqa: RF03
+                v_candidates, '$[*]' COLUMNS (
                     id BIGINT UNSIGNED PATH '$.id',
+                    priority INT PATH '$.priority',
                     serial_group VARCHAR(255) PATH '$.serial_group',
                     mode VARCHAR(16) PATH '$.mode'
                 )
             ) AS c
-        WHERE c.serial_group IS NOT NULL OR c.mode = 'unique'
-        ORDER BY c.serial_group, c.id;
+        ORDER BY c.priority, c.id;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
 
     IF p_limit IS NULL OR p_limit < 1 THEN
@@ -81,120 +103,197 @@ BEGIN
             SET MYSQL_ERRNO = 31002, MESSAGE_TEXT = 'bgq: claim_batch limit must be at least 1';
     END IF;
 
-    SELECT
-        JSON_ARRAYAGG(
-            JSON_OBJECT('id', c.id, 'serial_group', c.serial_group, 'mode', c.mode)
-        )
-    INTO v_candidates
-    FROM (
+    IF p_results IS NOT NULL THEN
+        CALL {{ table }}_finish_results(p_results, v_now, v_written);
+    END IF;
+
+    IF p_group IS NOT NULL THEN
+        -- The hand-off: only this group's head, if it is claimable (one index dive).
         SELECT
-            f.id,
-            f.priority,
-            f.serial_group,
-            f.mode
+            JSON_ARRAY(
+                JSON_OBJECT(
+                    'id', h.id, 'priority', h.priority, 'serial_group', h.serial_group, 'mode', h.mode
+                )
+            )
+        INTO v_candidates
         FROM (
             SELECT
                 id,
-                priority,
                 serial_group,
-                mode
+                mode,
+                priority,
+                state,
+                queue,
+                created_at,
+                last_attempt_at,
+                postponed_by,
+                processed_by_broker
             FROM {{ table }}
-            WHERE
-                p_group IS NULL
-                AND ungrouped_priority BETWEEN v_min AND v_max
-                AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
-                AND (
-                    processed_by_broker = 1
-                    OR GREATEST(created_at, COALESCE(last_attempt_at, created_at))
-                    + INTERVAL CEIL(COALESCE(postponed_by, 0) / 1000) SECOND <= v_now
-                )
-            ORDER BY ungrouped_priority, id
-            LIMIT p_limit
-            FOR UPDATE SKIP LOCKED  -- noqa: PRS
-        ) AS f
-        UNION ALL
-        SELECT
-            j.id,
-            j.priority,
-            j.serial_group,
-            j.mode
-        FROM (
-            WITH RECURSIVE walk (serial_group) AS (
-                SELECT COALESCE(p_group, (SELECT MIN(pending_group) FROM {{ table }}))
-                UNION ALL
-                SELECT (
-                    SELECT MIN(x.pending_group) FROM {{ table }} AS x
-                    WHERE x.pending_group > walk.serial_group
-                )
-                FROM walk
-                WHERE walk.serial_group IS NOT NULL AND p_group IS NULL
-            )
-
-            SELECT (
-                SELECT h.id FROM {{ table }} AS h
-                WHERE h.pending_group = walk.serial_group
-                ORDER BY h.priority, h.id
-                LIMIT 1
-            ) AS id
-            FROM walk
-            WHERE walk.serial_group IS NOT NULL
-        ) AS heads
-        INNER JOIN {{ table }} AS j ON j.id = heads.id
+            WHERE pending_group = p_group
+            ORDER BY priority, id
+            LIMIT 1
+        ) AS h
         WHERE
-            j.state IN (1, 4, 6, 8)
-            AND j.priority BETWEEN v_min AND v_max
-            AND (j.queue = p_queue OR LEFT(j.queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+            h.state IN (1, 4, 6, 8)
+            AND h.priority BETWEEN v_min AND v_max
             AND (
-                j.processed_by_broker = 1
-                OR GREATEST(j.created_at, COALESCE(j.last_attempt_at, j.created_at))
-                + INTERVAL CEIL(COALESCE(j.postponed_by, 0) / 1000) SECOND <= v_now
+                h.queue = p_queue OR LEFT(h.queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_')
+            )
+            AND (
+                h.processed_by_broker = 1
+                OR GREATEST(h.created_at, COALESCE(h.last_attempt_at, h.created_at))
+                + INTERVAL CEIL(COALESCE(h.postponed_by, 0) / 1000) SECOND <= v_now
             )
             AND NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS r
-                WHERE r.running_group = j.serial_group
-            )
-        ORDER BY priority, id  -- noqa: RF03
-        LIMIT p_limit  -- noqa: RF03
-    ) AS c;
-
-    UPDATE {{ table }} AS j
-        INNER JOIN  -- noqa: LT02
-            JSON_TABLE(
-                v_candidates, '$[*]' COLUMNS (
-                    id BIGINT UNSIGNED PATH '$.id',
-                    serial_group VARCHAR(255) PATH '$.serial_group',
-                    mode VARCHAR(16) PATH '$.mode'
+                SELECT 1 FROM {{ table }} AS x
+                WHERE x.running_group = p_group
+            );
+    ELSE
+        SELECT
+            JSON_ARRAYAGG(
+                JSON_OBJECT(
+                    'id', c.id, 'priority', c.priority, 'serial_group', c.serial_group, 'mode', c.mode
                 )
-            ) AS c
-            ON c.id = j.id
-    SET
-        j.state = 2,
-        j.number_of_attempts = j.number_of_attempts + 1,
-        j.last_attempt_at = v_now,
-        j.pid = p_pid,
-        j.postponed_by = NULL,
-        j.error_message = NULL,
-        j.metadata = NULL,
-        j.updated_at = v_now
-    WHERE c.serial_group IS NULL AND c.mode <> 'unique' AND j.state IN (1, 4, 6, 8);
+            )
+        INTO v_candidates
+        FROM (
+            SELECT
+                f.id,
+                f.priority,
+                f.serial_group,
+                f.mode
+            FROM (
+                SELECT
+                    id,
+                    priority,
+                    serial_group,
+                    mode
+                FROM {{ table }}
+                WHERE
+                    ungrouped_priority BETWEEN v_min AND v_max
+                    AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+                    AND (
+                        processed_by_broker = 1
+                        OR GREATEST(created_at, COALESCE(last_attempt_at, created_at))
+                        + INTERVAL CEIL(COALESCE(postponed_by, 0) / 1000) SECOND <= v_now
+                    )
+                ORDER BY ungrouped_priority, id
+                LIMIT p_limit
+                FOR UPDATE SKIP LOCKED  -- noqa: PRS
+            ) AS f
+            UNION ALL
+            SELECT
+                hh.id,
+                hh.priority,
+                hh.serial_group,
+                hh.mode
+            FROM (
+                SELECT
+                    j.id,
+                    j.priority,
+                    j.serial_group,
+                    j.mode
+                FROM (
+                    -- Each group's best priority (one pass over {{ table }}_pending_head), then
+                    -- the group's first id at that priority.
+                    SELECT MIN(x.id) AS id
+                    FROM (
+                        SELECT
+                            pending_group AS best_group,
+                            MIN(priority) AS best_priority
+                        FROM {{ table }}
+                        WHERE pending_group IS NOT NULL
+                        GROUP BY pending_group
+                    ) AS m
+                    INNER JOIN {{ table }} AS x
+                        ON x.pending_group = m.best_group AND x.priority = m.best_priority
+                    GROUP BY m.best_group
+                ) AS heads
+                INNER JOIN {{ table }} AS j ON j.id = heads.id
+                WHERE
+                    j.state IN (1, 4, 6, 8)
+                    AND j.priority BETWEEN v_min AND v_max
+                    AND (j.queue = p_queue OR LEFT(j.queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+                    AND (
+                        j.processed_by_broker = 1
+                        OR GREATEST(j.created_at, COALESCE(j.last_attempt_at, j.created_at))
+                        + INTERVAL CEIL(COALESCE(j.postponed_by, 0) / 1000) SECOND <= v_now
+                    )
+                    AND NOT EXISTS (
+                        SELECT 1 FROM {{ table }} AS r
+                        WHERE r.running_group = j.serial_group
+                    )
+                ORDER BY j.priority, j.id
+                LIMIT v_heads
+            ) AS hh
+        ) AS c;
+    END IF;
 
     OPEN one_by_one;
     fetch_loop: LOOP
-        FETCH one_by_one INTO v_id;
-        IF v_done = 1 THEN
+        FETCH one_by_one INTO v_id, v_group, v_mode;
+        IF v_done = 1 OR v_count >= p_limit THEN
             LEAVE fetch_loop;
         END IF;
-        CALL {{ table }}_claim_job(
-            v_id, p_queue, p_pid, p_waiting_ms, NULL, v_now,
-            v_outcome, v_attempt, v_state, v_predecessor, v_promoted
-        );
-        SET v_done = 0;
+        IF v_group IS NOT NULL THEN
+            -- The group row without waiting: one another transaction holds (a claim or a finish
+            -- in progress) is there but not lockable, and its head is left out. (A group without
+            -- a row yet gets one from {{ table }}_claim_job.) SELECT ... INTO is a plain read.
+            SELECT COUNT(*) INTO v_locked
+            FROM {{ table }}_group
+            WHERE serial_group = v_group
+            FOR UPDATE SKIP LOCKED;
+            SELECT COUNT(*) INTO v_exists
+            FROM {{ table }}_group
+            WHERE serial_group = v_group;
+            IF v_locked = 0 AND v_exists > 0 THEN
+                ITERATE fetch_loop;
+            END IF;
+        END IF;
+        IF v_group IS NULL AND v_mode <> 'unique' THEN
+            -- The same columns as {{ table }}_claim_job writes; the row is locked already.
+            UPDATE {{ table }}
+            SET
+                state = 2,
+                number_of_attempts = number_of_attempts + 1,
+                last_attempt_at = v_now,
+                pid = p_pid,
+                postponed_by = NULL,
+                error_message = NULL,
+                metadata = NULL,
+                updated_at = v_now
+            WHERE id = v_id AND state IN (1, 4, 6, 8);
+            SET v_outcome = IF(ROW_COUNT() > 0, 'claimed', NULL);
+        ELSE
+            CALL {{ table }}_claim_job(
+                v_id, p_queue, p_pid, p_waiting_ms, NULL, v_now,
+                v_outcome, v_attempt, v_state, v_predecessor, v_promoted
+            );
+        END IF;
         IF v_outcome = 'claimed' THEN
-            SET v_claimed = JSON_ARRAY_APPEND(v_claimed, '$', v_id);
+            SET v_claimed = JSON_ARRAY_APPEND(v_claimed, '$', v_id), v_count = v_count + 1;
         END IF;
     END LOOP;
     CLOSE one_by_one;
 
+    SELECT
+        r.id,
+        NULL AS attempt,
+        NULL AS callback_name,
+        NULL AS parameters_json,
+        NULL AS parameters,
+        NULL AS queue,
+        NULL AS priority,
+        NULL AS serial_group,
+        NULL AS identifier,
+        NULL AS mode,
+        NULL AS coalesce_threshold,
+        CASE WHEN JSON_CONTAINS(v_written, CAST(r.id AS CHAR)) THEN 1 ELSE 0 END AS finished
+    FROM
+        JSON_TABLE(
+            COALESCE(p_results, '[]'), '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.id')
+        ) AS r
+    UNION ALL
     SELECT
         j.id,
         j.number_of_attempts AS attempt,
@@ -206,7 +305,8 @@ BEGIN
         j.serial_group,
         j.identifier,
         j.mode,
-        j.coalesce_threshold
+        j.coalesce_threshold,
+        NULL AS finished
     FROM {{ table }} AS j
     INNER JOIN
         JSON_TABLE(
@@ -219,9 +319,6 @@ BEGIN
         ON c.id = j.id
     WHERE
         j.state = 2
-        AND (
-            (c.serial_group IS NULL AND c.mode <> 'unique')
-            OR JSON_CONTAINS(v_claimed, CAST(j.id AS CHAR))
-        )
-    ORDER BY j.priority, j.id;
+        AND JSON_CONTAINS(v_claimed, CAST(j.id AS CHAR))
+    ORDER BY finished IS NULL, priority, id;
 END

@@ -1,4 +1,4 @@
--- bgq {{ table }}_group_wake, version 1 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_group_wake, version 2 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_group_wake(p_group, p_now, @promoted_id)
@@ -8,7 +8,9 @@
 --   The one place where WAITING jobs leave for READY. If no job of the group is PROCESSING and
 --   the group's first claimable job in (priority, id) order is WAITING, that job becomes READY
 --   (error_message and postponed_by cleared). Then the group row's waiting head
---   (waiting_head_id, waiting_head_priority) is re-derived from the jobs. Every procedure that
+--   (waiting_head_id, waiting_head_priority) is re-derived from the jobs (written when it
+--   changed). A group with no WAITING job and no recorded waiting head is left alone at once
+--   (no lock, no write): there is nothing to promote or refresh. Every procedure that
 --   changes a grouped job's state calls it in the same transaction.
 --   A group whose head is READY, TEMPORARILY_FAILED, BROKER_FAILED or BACK_TO_BROKER is left as
 --   is: that head runs first (so a temporarily failed job wakes nobody).
@@ -31,46 +33,61 @@ BEGIN
     DECLARE v_head_state SMALLINT DEFAULT NULL;
     DECLARE v_wait_id BIGINT UNSIGNED DEFAULT NULL;
     DECLARE v_wait_priority INT DEFAULT NULL;
+    DECLARE v_waiting INT DEFAULT 0;
+    DECLARE v_recorded INT DEFAULT 0;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
 
     SET p_promoted_id = NULL;
-    INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (p_group, v_now)
-    ON DUPLICATE KEY UPDATE updated_at = v_now;
-
-    SELECT id INTO v_running
+    -- Only a group with a WAITING job, or a waiting head still recorded, has anything to
+    -- promote or refresh; for any other group this procedure neither locks nor writes.
+    -- (SELECT ... INTO is a plain read; IF EXISTS (SELECT ...) would be a locking one.)
+    SELECT COUNT(*) INTO v_waiting
     FROM {{ table }}
-    WHERE running_group = p_group
-    FOR UPDATE;
-    IF v_running IS NULL THEN
+    WHERE serial_group = p_group AND state = 6;
+    SELECT COUNT(*) INTO v_recorded
+    FROM {{ table }}_group
+    WHERE serial_group = p_group AND waiting_head_id IS NOT NULL;
+    IF v_waiting > 0 OR v_recorded > 0 THEN
+        INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (p_group, v_now)
+        ON DUPLICATE KEY UPDATE updated_at = v_now;
+
+        SELECT id INTO v_running
+        FROM {{ table }}
+        WHERE running_group = p_group
+        FOR UPDATE;
+        IF v_running IS NULL THEN
+            -- sqlfluff's mysql dialect cannot parse FOR UPDATE after LIMIT (valid MySQL), hence the noqa.
+            SELECT
+                id,
+                state
+            INTO v_head, v_head_state
+            FROM {{ table }}
+            WHERE pending_group = p_group
+            ORDER BY priority, id
+            LIMIT 1
+            FOR UPDATE; -- noqa: PRS
+            IF v_head_state = 6 THEN
+                UPDATE {{ table }}
+                SET state = 1, error_message = NULL, postponed_by = NULL, updated_at = v_now
+                WHERE id = v_head AND state = 6;
+                SET p_promoted_id = v_head;
+            END IF;
+        END IF;
+
         -- sqlfluff's mysql dialect cannot parse FOR UPDATE after LIMIT (valid MySQL), hence the noqa.
         SELECT
             id,
-            state
-        INTO v_head, v_head_state
+            priority
+        INTO v_wait_id, v_wait_priority
         FROM {{ table }}
-        WHERE pending_group = p_group
+        WHERE serial_group = p_group AND state = 6
         ORDER BY priority, id
         LIMIT 1
         FOR UPDATE; -- noqa: PRS
-        IF v_head_state = 6 THEN
-            UPDATE {{ table }}
-            SET state = 1, error_message = NULL, postponed_by = NULL, updated_at = v_now
-            WHERE id = v_head AND state = 6;
-            SET p_promoted_id = v_head;
-        END IF;
+        UPDATE {{ table }}_group
+        SET waiting_head_id = v_wait_id, waiting_head_priority = v_wait_priority, updated_at = v_now
+        WHERE
+            serial_group = p_group
+            AND NOT (waiting_head_id <=> v_wait_id AND waiting_head_priority <=> v_wait_priority);
     END IF;
-
-    -- sqlfluff's mysql dialect cannot parse FOR UPDATE after LIMIT (valid MySQL), hence the noqa.
-    SELECT
-        id,
-        priority
-    INTO v_wait_id, v_wait_priority
-    FROM {{ table }}
-    WHERE serial_group = p_group AND state = 6
-    ORDER BY priority, id
-    LIMIT 1
-    FOR UPDATE; -- noqa: PRS
-    UPDATE {{ table }}_group
-    SET waiting_head_id = v_wait_id, waiting_head_priority = v_wait_priority, updated_at = v_now
-    WHERE serial_group = p_group;
 END

@@ -2,7 +2,7 @@
 --
 -- Contract
 --   SELECT * FROM {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority,
---                                         p_max_priority, p_group, p_waiting_ms, p_now)
+--                                         p_max_priority, p_group, p_waiting_ms, p_results, p_now)
 --   p_queue         the base queue: jobs in it or in a sub-queue '<p_queue>_<sub>'.
 --   p_limit         at most this many jobs are claimed (>= 1).
 --   p_pid           the worker's process id (stored for people).
@@ -10,27 +10,35 @@
 --   p_group         NULL: ungrouped jobs and the heads of idle groups; a group name: only that
 --                   group's head (the worker that just finished the group's job hands it on).
 --   p_waiting_ms    passed to {{ table }}_claim_job (a head that lost a race turns WAITING).
+--   p_results       NULL, or results to write first, in the same transaction: the JSON of
+--                   {{ table }}_finish_batch, written by {{ table }}_finish_results (its errors
+--                   included). A worker finishes a grouped job and claims the group's next head
+--                   in one call this way.
 --   p_now           the clock (TIMESTAMPTZ); NULL means clock_timestamp().
 -- Result: one row per claimed job, ordered by priority then id; each is PROCESSING, the caller's
 --   id, attempt     the job and its claim token for {{ table }}_finish / {{ table }}_finish_batch.
 --   callback_name, parameters_json, parameters, queue, priority, serial_group, identifier,
 --   mode, coalesce_threshold: the job as stored.
+--   finished        NULL on those rows. Before them, one row per p_results object: its id,
+--                   finished 1 if written or 0 if fenced out, every other column NULL.
 -- Claimable: a due job (as in {{ table }}_due_jobs without a broker: READY, TEMPORARILY_FAILED,
 --   WAITING or BROKER_FAILED whose postponement has passed) of the queue and priority range that
 --   is either ungrouped, or the head of its group (first in (priority, id) among the group's
 --   unstarted jobs of every queue and state -1, 1, 4, 6, 8, due or not) while no job of the
 --   group is PROCESSING. A group whose head is not due, or is in another queue or priority
 --   range, is skipped as a whole: order inside a group never bends.
--- Steps: the first p_limit of (ungrouped candidates, taken FOR UPDATE SKIP LOCKED) and (group
---   heads, found by one index dive per group on {{ table }}_pending_head) in (priority, id)
---   order. Ungrouped jobs that are not UNIQUE are claimed by one UPDATE (the same columns as
---   {{ table }}_claim_job writes: PROCESSING, attempts + 1, last_attempt_at, pid; postponed_by,
---   error_message and metadata cleared). Group heads and UNIQUE jobs go through
---   {{ table }}_claim_job one by one, in serial_group order, which re-checks them under the group
---   lock (predecessor, UNIQUE duplicate, coalescing); only its 'claimed' jobs are returned.
--- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows one at
---   a time in serial_group order (so two batch claims cannot deadlock on each other), each
---   waiting at most 3 s ({{ table }}_claim_job; 'locked' just leaves the head out).
+-- Steps: candidates are up to p_limit ungrouped jobs (taken FOR UPDATE SKIP LOCKED) and up to
+--   2 * p_limit + 2 group heads (one index dive per group on {{ table }}_pending_head), tried in
+--   (priority, id) order until p_limit are claimed. An ungrouped job that is not UNIQUE is
+--   claimed by an UPDATE of the same columns {{ table }}_claim_job writes (PROCESSING,
+--   attempts + 1, last_attempt_at, pid; postponed_by, error_message and metadata cleared). A
+--   group head or a UNIQUE job goes through {{ table }}_claim_job, which re-checks it under the
+--   group lock (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs are returned.
+-- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
+--   UPDATE SKIP LOCKED too: a head whose group row another transaction holds (a claim or a
+--   finish in progress) is left out and the next candidate is tried, so batch claims neither
+--   wait for nor deadlock on each other. Only a group that has no row yet (never claimed) gets
+--   it from {{ table }}_claim_job, which waits at most 3 s for a concurrent first claim.
 -- Fencing: every write is conditional on a claimable state.
 -- Errors: SQLSTATE BQ002 when p_limit is NULL or < 1 (nothing written).
 -- Idempotent: no (each call claims more jobs); a claimed job is never claimed again.
@@ -44,6 +52,7 @@ CREATE OR REPLACE FUNCTION {{ table }}_claim_batch(
     p_max_priority INTEGER,
     p_group VARCHAR,
     p_waiting_ms INTEGER,
+    p_results TEXT,
     p_now TIMESTAMPTZ DEFAULT NULL
 )
 RETURNS TABLE (
@@ -57,7 +66,8 @@ RETURNS TABLE (
     serial_group VARCHAR,
     identifier VARCHAR,
     mode VARCHAR,
-    coalesce_threshold BIGINT
+    coalesce_threshold BIGINT,
+    finished INTEGER
 )
 LANGUAGE plpgsql
 VOLATILE
@@ -67,22 +77,43 @@ DECLARE
     v_now TIMESTAMPTZ := COALESCE(p_now, CLOCK_TIMESTAMP());
     v_min INTEGER := COALESCE(p_min_priority, -2147483648);
     v_max INTEGER := COALESCE(p_max_priority, 2147483647);
-    v_plain BIGINT[];
-    v_other BIGINT[];
-    v_claimed BIGINT[];
-    v_id BIGINT;
+    v_ids BIGINT[];
+    v_groups VARCHAR[];
+    v_modes VARCHAR[];
+    v_claimed BIGINT[] := '{}';
+    v_written BIGINT[];
     c RECORD;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'bgq: claim_batch limit must be at least 1' USING ERRCODE = 'BQ002';
     END IF;
 
+    IF p_results IS NOT NULL THEN
+        v_written := {{ table }}_finish_results(p_results, v_now);
+        RETURN QUERY
+        SELECT
+            r.id,
+            NULL::INTEGER,
+            NULL::VARCHAR,
+            NULL::JSON,
+            NULL::BYTEA,
+            NULL::VARCHAR,
+            NULL::INTEGER,
+            NULL::VARCHAR,
+            NULL::VARCHAR,
+            NULL::VARCHAR,
+            NULL::BIGINT,
+            CASE WHEN r.id = ANY(v_written) THEN 1 ELSE 0 END
+        FROM JSON_TO_RECORDSET(p_results::JSON) AS r (id BIGINT);
+    END IF;
+
     IF p_group IS NOT NULL THEN
         -- The hand-off: only this group's head, if it is claimable (one index dive).
-        SELECT COALESCE(ARRAY_AGG(h.id), '{}'), '{}' INTO v_other, v_plain
+        SELECT ARRAY_AGG(h.id), ARRAY_AGG(h.serial_group), ARRAY_AGG(h.mode)
+        INTO v_ids, v_groups, v_modes
         FROM (
-            SELECT g.id, g.priority, g.state, g.queue, g.created_at, g.last_attempt_at,
-                g.postponed_by, g.processed_by_broker
+            SELECT g.id, g.serial_group, g.mode, g.priority, g.state, g.queue, g.created_at,
+                g.last_attempt_at, g.postponed_by, g.processed_by_broker
             FROM {{ table }} AS g
             WHERE g.serial_group = p_group AND g.state IN (-1, 1, 4, 6, 8)
             ORDER BY g.priority, g.id
@@ -101,14 +132,14 @@ BEGIN
                 SELECT 1 FROM {{ table }} AS x WHERE x.serial_group = p_group AND x.state = 2
             );
     ELSE
+        -- Up to p_limit ungrouped jobs (locked, skipping locked ones) and up to 2 * p_limit + 2
+        -- group heads (a head whose group another claim holds is skipped below, and the next
+        -- one is tried), in (priority, id) order.
         SELECT
-            COALESCE(ARRAY_AGG(c.id) FILTER (WHERE c.serial_group IS NULL AND c.mode <> 'unique'), '{}'),
-            COALESCE(
-                ARRAY_AGG(c.id ORDER BY c.serial_group NULLS FIRST, c.id)
-                FILTER (WHERE c.serial_group IS NOT NULL OR c.mode = 'unique'),
-                '{}'
-            )
-        INTO v_plain, v_other
+            ARRAY_AGG(c.id ORDER BY c.priority, c.id),
+            ARRAY_AGG(c.serial_group ORDER BY c.priority, c.id),
+            ARRAY_AGG(c.mode ORDER BY c.priority, c.id)
+        INTO v_ids, v_groups, v_modes
         FROM (
             SELECT f.id, f.priority, NULL::VARCHAR AS serial_group, f.mode
             FROM (
@@ -129,7 +160,8 @@ BEGIN
                 FOR UPDATE SKIP LOCKED
             ) AS f
             UNION ALL
-            SELECT h.id, h.priority, h.serial_group, h.mode
+            SELECT hh.id, hh.priority, hh.serial_group, hh.mode
+            FROM (SELECT h.id, h.priority, h.serial_group, h.mode
             FROM (
                 WITH RECURSIVE heads AS (
                     (
@@ -174,28 +206,47 @@ BEGIN
                     SELECT 1 FROM {{ table }} AS x
                     WHERE x.serial_group = h.serial_group AND x.state = 2
                 )
-            ORDER BY 2, 1
-            LIMIT p_limit
+            ORDER BY h.priority, h.id
+            LIMIT p_limit * 2 + 2) AS hh
         ) AS c;
     END IF;
 
-    UPDATE {{ table }} AS j
-    SET state = 2,
-        number_of_attempts = j.number_of_attempts + 1,
-        last_attempt_at = v_now,
-        pid = p_pid,
-        postponed_by = NULL,
-        error_message = NULL,
-        metadata = NULL,
-        updated_at = v_now
-    WHERE j.id = ANY(v_plain) AND j.state IN (1, 4, 6, 8);
-    v_claimed := v_plain;
-
-    FOREACH v_id IN ARRAY v_other LOOP
+    -- One candidate at a time, in (priority, id) order, until p_limit are claimed. A group's row
+    -- is locked without waiting: one that another transaction holds (a claim or a finish in
+    -- progress) is skipped, so concurrent batch claims never wait for or deadlock on each other.
+    FOR i IN 1 .. COALESCE(ARRAY_LENGTH(v_ids, 1), 0) LOOP
+        EXIT WHEN COALESCE(ARRAY_LENGTH(v_claimed, 1), 0) >= p_limit;
+        IF v_groups[i] IS NULL AND v_modes[i] <> 'unique' THEN
+            -- The same columns as {{ table }}_claim_job writes; the row is locked already.
+            UPDATE {{ table }} AS j
+            SET state = 2,
+                number_of_attempts = j.number_of_attempts + 1,
+                last_attempt_at = v_now,
+                pid = p_pid,
+                postponed_by = NULL,
+                error_message = NULL,
+                metadata = NULL,
+                updated_at = v_now
+            WHERE j.id = v_ids[i] AND j.state IN (1, 4, 6, 8);
+            IF FOUND THEN
+                v_claimed := v_claimed || v_ids[i];
+            END IF;
+            CONTINUE;
+        END IF;
+        IF v_groups[i] IS NOT NULL THEN
+            PERFORM 1 FROM {{ table }}_group AS g
+            WHERE g.serial_group = v_groups[i]
+            FOR UPDATE SKIP LOCKED;
+            -- Not locked, yet there: another transaction holds it. (A group without a row yet
+            -- gets one from {{ table }}_claim_job, which may wait for a concurrent first claim.)
+            CONTINUE WHEN NOT FOUND AND EXISTS (
+                SELECT 1 FROM {{ table }}_group AS g WHERE g.serial_group = v_groups[i]
+            );
+        END IF;
         SELECT * INTO c
-        FROM {{ table }}_claim_job(v_id, p_queue, p_pid, p_waiting_ms, NULL, v_now);
+        FROM {{ table }}_claim_job(v_ids[i], p_queue, p_pid, p_waiting_ms, NULL, v_now);
         IF c.o_outcome = 'claimed' THEN
-            v_claimed := v_claimed || v_id;
+            v_claimed := v_claimed || v_ids[i];
         END IF;
     END LOOP;
 
@@ -211,7 +262,8 @@ BEGIN
         j.serial_group,
         j.identifier,
         j.mode,
-        j.coalesce_threshold
+        j.coalesce_threshold,
+        NULL::INTEGER
     FROM {{ table }} AS j
     WHERE j.id = ANY(v_claimed) AND j.state = 2
     ORDER BY j.priority, j.id;

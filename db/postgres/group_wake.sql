@@ -1,4 +1,4 @@
--- bgq {{ table }}_group_wake, version 1 (PostgreSQL 15)
+-- bgq {{ table }}_group_wake, version 2 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT {{ table }}_group_wake(p_group, p_now) -> BIGINT or NULL
@@ -8,7 +8,9 @@
 --   The one place where WAITING jobs leave for READY. If no job of the group is PROCESSING and
 --   the group's first claimable job in (priority, id) order is WAITING, that job becomes READY
 --   (error_message and postponed_by cleared). Then the group row's waiting head
---   (waiting_head_id, waiting_head_priority) is re-derived from the jobs. Every function that
+--   (waiting_head_id, waiting_head_priority) is re-derived from the jobs (written when it
+--   changed). A group with no WAITING job and no recorded waiting head is left alone at once
+--   (no lock, no write): there is nothing to promote or refresh. Every function that
 --   changes a grouped job's state calls it in the same transaction.
 --   A group whose head is READY, TEMPORARILY_FAILED, BROKER_FAILED or BACK_TO_BROKER is left as
 --   is: that head runs first (so a temporarily failed job wakes nobody).
@@ -37,6 +39,16 @@ DECLARE
     v_wait_priority INTEGER;
     v_promoted BIGINT;
 BEGIN
+    -- Only a group with a WAITING job, or a waiting head still recorded, has anything to
+    -- promote or refresh; for any other group this function neither locks nor writes.
+    IF NOT EXISTS (SELECT 1 FROM {{ table }} AS j WHERE j.serial_group = p_group AND j.state = 6)
+        AND NOT EXISTS (
+            SELECT 1 FROM {{ table }}_group AS g
+            WHERE g.serial_group = p_group AND g.waiting_head_id IS NOT NULL
+        ) THEN
+        RETURN NULL;
+    END IF;
+
     INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (p_group, v_now)
     ON CONFLICT (serial_group) DO UPDATE SET updated_at = EXCLUDED.updated_at;
 
@@ -66,7 +78,12 @@ BEGIN
     LIMIT 1;
     UPDATE {{ table }}_group AS g
     SET waiting_head_id = v_wait_id, waiting_head_priority = v_wait_priority, updated_at = v_now
-    WHERE g.serial_group = p_group;
+    WHERE
+        g.serial_group = p_group
+        AND (
+            g.waiting_head_id IS DISTINCT FROM v_wait_id
+            OR g.waiting_head_priority IS DISTINCT FROM v_wait_priority
+        );
 
     RETURN v_promoted;
 END;

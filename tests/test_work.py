@@ -1,0 +1,579 @@
+"""`bgq work`, the continuous database worker, end to end on both dialects.
+
+In-process: `bgq.work.work(queue, stop=...)` runs in a thread and stops when the test sets
+`stop.requested`. As a person runs it: `bgq --app tests.work_app:queue work` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from bgq import (
+    DieException,
+    JobState,
+    PermanentErrorException,
+    SkipException,
+    TemporaryErrorException,
+    WaitingException,
+)
+from bgq.errors import ConfigError
+from bgq.work import work
+from tests import work_app
+from tests.conftest import unique_name
+from tests.work_app import Cli, wait_until
+
+MINUTE = 60_000
+TERMINAL = (JobState.FINISHED, JobState.PERMANENTLY_FAILED, JobState.REDUNDANT)
+
+
+# --- helpers ---
+
+
+class Stop:
+    """What work() looks at between two jobs: `requested` (a GracefulStop without signals)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+
+class Worker(threading.Thread):
+    """work(queue, stop=...) on a thread of the test process."""
+
+    def __init__(self, queue: Any, name: str = "worker", **options: Any) -> None:
+        super().__init__(name=name, daemon=True)
+        options.setdefault("poll", 0.2)  # an idle worker sees the stop request soon
+        self.queue, self.options = queue, options
+        self.stop = Stop()
+        self.code: int | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.code = work(self.queue, stop=self.stop, **self.options)  # type: ignore[arg-type]
+        except BaseException as exc:  # reported by finish()
+            self.error = exc
+
+    def finish(self, timeout: float = 10.0) -> int | None:
+        """Request the stop and wait for work() to return; its return value."""
+        self.stop.requested = True
+        return self.returned(timeout)
+
+    def returned(self, timeout: float) -> int | None:
+        self.join(timeout)
+        assert not self.is_alive(), f"work() did not return within {timeout} s"
+        if self.error is not None:
+            raise self.error
+        return self.code
+
+
+@pytest.fixture
+def workers():
+    """Start in-process workers: workers(queue, name=..., **options); all are stopped at teardown."""
+    started: list[Worker] = []
+
+    def start(queue: Any, name: str = "worker", *, run: bool = True, **options: Any) -> Worker:
+        worker = Worker(queue, name, **options)
+        started.append(worker)
+        if run:
+            worker.start()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop.requested = True
+    for worker in started:
+        worker.join(30)
+
+
+@pytest.fixture
+def cli(installed, tmp_path, monkeypatch):
+    """`bgq work` subprocesses on the installed table, with a ledger; factory cli(stalled=None)."""
+    made: list[Cli] = []
+    ledger = unique_name("wledger")
+    work_app.create_ledger(installed.url, ledger)
+    monkeypatch.setenv("BGQ_TEST_WORK_URL", installed.url)
+    monkeypatch.setenv("BGQ_TEST_WORK_LEDGER", ledger)
+
+    def factory(stalled: int | None = None) -> Cli:
+        made.append(Cli(installed.url, installed.table, ledger, tmp_path, stalled))
+        return made[-1]
+
+    yield factory
+    for runner in made:
+        runner.close()
+    work_app.dispose()
+    work_app.drop_ledger(installed.url, ledger)
+
+
+def _rows(installed) -> dict[int, dict[str, Any]]:
+    return {r["id"]: r for r in installed.sql("SELECT * FROM {t} ORDER BY id")}
+
+
+def _row(installed, job_id: int) -> dict[str, Any]:
+    return installed.sql("SELECT * FROM {t} WHERE id = %s", (job_id,))[0]
+
+
+def _states(installed, ids) -> list[int]:
+    rows = _rows(installed)
+    return [rows[i]["state"] for i in ids]
+
+
+def _json(value):
+    """A JSON column as Python: psycopg parses json columns, pymysql returns text."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _all_in(installed, ids, states) -> bool:
+    return all(s in states for s in _states(installed, ids))
+
+
+def _processing(installed) -> list[int]:
+    return [r["id"] for r in installed.sql("SELECT id FROM {t} WHERE state = 2")]
+
+
+def _held(installed, ids: dict[str, int], called) -> list[int]:
+    """Jobs claimed (PROCESSING) that have not started: a run job may still wait for the writer."""
+    ran = {ids[token] for token in called}
+    return [i for i in _processing(installed) if i not in ran]
+
+
+def _assert_given_back(row: dict[str, Any]) -> None:
+    """A job claimed ahead but never started, given back: READY, its attempt restored, no owner."""
+    assert row["state"] == JobState.READY, row
+    assert row["number_of_attempts"] == 0, row
+    assert row["pid"] is None, row
+
+
+# --- every job once; the outcomes of process_job ---
+
+
+def test_every_job_runs_once_and_ends_finished(make_queue, installed, workers):
+    calls: Counter[str] = Counter()
+    queue = make_queue(callbacks={"rec": lambda token: calls.update([token])}, priorities=[1, 2, 3])
+    rng = random.Random(1)
+    ids = {}
+    for n in range(45):
+        group = f"g{n % 3}" if n < 15 else None
+        ids[f"t{n}"] = queue.publish("rec", [f"t{n}"], serial_group=group, priority=rng.choice([1, 2, 3]))
+    worker = workers(queue)
+    wait_until(lambda: _all_in(installed, ids.values(), TERMINAL), 15, "every job to end")
+    assert worker.finish() == 0
+    assert calls == Counter(ids.keys()), "every job ran exactly once"
+    for row in _rows(installed).values():
+        assert row["state"] == JobState.FINISHED, row
+        assert row["number_of_attempts"] == 1 and row["pid"] == os.getpid(), row
+        assert row["finished_at"] is not None and row["error_message"] is None, row
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["ungrouped", "grouped"])
+def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grouped):
+    """The written results of the batch path (ungrouped) and of the hand-off path (grouped)."""
+    calls: Counter[str] = Counter()
+
+    def raising(name: str, exc: Exception | None):
+        def callback(*args: Any) -> None:
+            calls.update([name])
+            if exc is not None:
+                raise exc
+
+        return callback
+
+    callbacks = {
+        "temp": raising("temp", TemporaryErrorException("later")),
+        "runtime": raising("runtime", RuntimeError("smtp down")),
+        "perm": raising("perm", PermanentErrorException("bad address")),
+        "skip": raising("skip", SkipException("nothing to do")),
+        "wait": raising("wait", WaitingException("not yet")),
+        "recur": raising("recur", None),
+        "uniq": raising("uniq", None),
+        "ok": raising("ok", None),
+    }
+    options = {"priorities": [1, 2, 3], "waiting_job_expiration": 600_000}  # clones are not due
+    publisher = make_queue(callbacks={**callbacks, "gone": lambda: None}, **options)
+    queue = make_queue(callbacks=callbacks, **options)
+
+    def publish(name: str, callback: str | None = None, **kw: Any) -> int:
+        group = f"g-{name}" if grouped else None
+        return publisher.publish(callback or name, [name], serial_group=group, **kw)
+
+    ids = {name: publish(name) for name in ("temp", "runtime", "perm", "skip", "wait", "ok")}
+    ids["recur"] = publish("recur", mode="recurring", identifier="r1")
+    ids["uniq1"] = publish("uniq", "uniq", mode="unique", identifier="u1")
+    ids["uniq2"] = publish("uniq", "uniq", mode="unique", identifier="u1")
+    ids["gone"] = publish("gone")
+    originals = set(ids.values())
+    ended = (*TERMINAL, JobState.TEMPORARILY_FAILED)
+
+    def done() -> bool:
+        rows = _rows(installed)
+        recurring = [r for r in rows.values() if r["callback_name"] == "recur"]
+        others = [rows[i]["state"] in ended for i in originals if i != ids["recur"]]
+        return (
+            all(others) and [r["state"] for r in recurring] == [JobState.READY] and ids["recur"] not in rows
+        )
+
+    with caplog.at_level(logging.CRITICAL, logger="bgq"):
+        worker = workers(queue)
+        wait_until(done, 15, "every job to end")
+        time.sleep(0.3)  # a clone run by mistake would show in `calls`
+        assert worker.finish() == 0
+
+    rows = _rows(installed)
+    assert calls == Counter(
+        {"temp": 1, "runtime": 1, "perm": 1, "skip": 1, "wait": 1, "recur": 1, "uniq": 1, "ok": 1}
+    )
+    assert not _processing(installed)
+
+    temp, runtime = rows[ids["temp"]], rows[ids["runtime"]]
+    assert (temp["state"], temp["error_message"], temp["postponed_by"]) == (4, "later", MINUTE)
+    assert (runtime["state"], runtime["postponed_by"]) == (4, MINUTE)
+    assert runtime["error_message"] == "RuntimeError: smtp down"
+
+    perm = rows[ids["perm"]]
+    assert (perm["state"], perm["error_message"]) == (JobState.PERMANENTLY_FAILED, "bad address")
+    message = f"bgq: Permanent error occurred. (ID: {ids['perm']})"
+    (record,) = [r for r in caplog.records if r.getMessage() == message]
+    assert record.levelno == logging.CRITICAL
+    assert isinstance(record.exc_info[1], PermanentErrorException)
+
+    assert (rows[ids["skip"]]["state"], rows[ids["skip"]]["error_message"]) == (3, "nothing to do")
+    assert rows[ids["ok"]]["state"] == JobState.FINISHED
+
+    wait = rows[ids["wait"]]
+    assert (wait["state"], wait["error_message"]) == (JobState.FINISHED, "not yet")
+    (clone,) = [r for i, r in rows.items() if i not in originals and r["callback_name"] == "wait"]
+    assert clone["state"] == JobState.READY and clone["number_of_attempts"] == 0
+    assert clone["serial_group"] == wait["serial_group"] and _json(clone["parameters_json"]) == ["wait"]
+
+    assert ids["recur"] not in rows, "a finished RECURRING job's row is replaced by its successor"
+    (successor,) = [r for i, r in rows.items() if i not in originals and r["callback_name"] == "recur"]
+    assert successor["id"] > ids["recur"] and successor["state"] == JobState.READY
+    assert (successor["mode"], successor["identifier"]) == ("recurring", "r1")
+
+    assert rows[ids["uniq1"]]["state"] == JobState.FINISHED
+    assert rows[ids["uniq2"]]["state"] == JobState.REDUNDANT
+
+    gone = rows[ids["gone"]]
+    assert gone["state"] == JobState.PERMANENTLY_FAILED
+    assert gone["error_message"] == 'Callback "gone" does not exist.'
+    assert any(
+        f'Callback "gone" does not exist. (ID: {ids["gone"]})' in r.getMessage() for r in caplog.records
+    )
+    assert len(rows) == len(originals) + 1  # the two copies, less the finished recurring row
+
+
+def test_hooks_metadata_execution_time_and_memory(make_queue, installed, workers):
+    seen: dict[str, list[Any]] = {"before": [], "after": [], "error": []}
+
+    def slow(n: int, fail: bool = False) -> None:
+        time.sleep(0.03)
+        if fail:
+            raise RuntimeError(f"failed {n}")
+
+    queue = make_queue(
+        callbacks={"slow": slow},
+        on_before_process=lambda p: seen["before"].append(p["n"]),
+        on_after_process=lambda p: seen["after"].append(p["n"]),
+        on_error=lambda exc, p: seen["error"].append((p["n"], str(exc))),
+        on_processing_get_metadata=lambda p: {"host": "h1", "n": p["n"]},
+    )
+    ok = [queue.publish("slow", {"n": 1}), queue.publish("slow", {"n": 2}, serial_group="g")]
+    failing = [
+        queue.publish("slow", {"n": 3, "fail": True}),
+        queue.publish("slow", {"n": 4, "fail": True}, serial_group="h"),
+    ]
+    worker = workers(queue)
+    wait_until(
+        lambda: _all_in(installed, ok + failing, (JobState.FINISHED, JobState.TEMPORARILY_FAILED)),
+        15,
+        "the jobs to end",
+    )
+    assert worker.finish() == 0
+    assert sorted(seen["before"]) == [1, 2, 3, 4]
+    assert sorted(seen["after"]) == [1, 2]
+    assert sorted(seen["error"]) == [(3, "failed 3"), (4, "failed 4")]
+    rows = _rows(installed)
+    for n, job in enumerate(ok + failing, start=1):
+        assert _json(rows[job]["metadata"]) == {"host": "h1", "n": n}, rows[job]
+    for job in ok:
+        row = rows[job]
+        assert row["state"] == JobState.FINISHED
+        assert 25 <= row["execution_time"] < 5000, row
+        memory = _json(row["memory"])
+        assert set(memory) == {"before", "after"} and memory["after"]["rss"] > 0, row
+    for job in failing:
+        assert rows[job]["state"] == JobState.TEMPORARILY_FAILED
+
+
+# --- serial groups ---
+
+
+def test_grouped_jobs_run_in_priority_order_without_overlap(make_queue, installed, workers):
+    """Two in-process workers; every run's (start, end) on one monotonic clock."""
+    lock = threading.Lock()
+    runs: list[tuple[str, str | None, float, float]] = []
+
+    def rec(token: str, group: str | None) -> None:
+        start = time.monotonic()
+        time.sleep(random.uniform(0.001, 0.006))
+        with lock:
+            runs.append((token, group, start, time.monotonic()))
+
+    rng = random.Random(3)
+    specs = [(f"g{n % 3}" if n < 36 else None, rng.choice([1, 2, 3])) for n in range(46)]
+    rng.shuffle(specs)
+    publisher = make_queue(callbacks={"rec": rec}, priorities=[1, 2, 3])
+    jobs = {}
+    for n, (group, priority) in enumerate(specs):
+        jobs[f"t{n}"] = (publisher.publish("rec", [f"t{n}", group], serial_group=group, priority=priority),
+                         group, priority)  # fmt: skip
+    for name in ("A", "B"):
+        workers(make_queue(callbacks={"rec": rec}, priorities=[1, 2, 3]), name=name)
+    wait_until(lambda: len(runs) >= len(jobs), 20, "every job to run")
+    time.sleep(0.2)
+    assert Counter(r[0] for r in runs) == Counter(jobs.keys()), "every job ran exactly once"
+    for group in ("g0", "g1", "g2"):
+        mine = sorted((r for r in runs if r[1] == group), key=lambda r: r[2])
+        for before, after in zip(mine, mine[1:], strict=False):
+            assert before[3] <= after[2], f"{before[0]} and {after[0]} of {group} overlap"
+        expected = sorted(
+            (t for t, (_, g, _) in jobs.items() if g == group), key=lambda t: (jobs[t][2], jobs[t][0])
+        )
+        assert [r[0] for r in mine] == expected, f"{group} did not run in (priority, id) order"
+
+
+# --- stopping: DieException, stop requested ---
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["ungrouped", "grouped"])
+def test_die_exception_stops_the_worker_before_the_next_job(make_queue, installed, workers, grouped):
+    calls: list[str] = []
+    held_at_die: list[int] = []
+    group = "g" if grouped else None
+
+    def rec(token: str) -> None:
+        calls.append(token)
+
+    def die(token: str) -> None:
+        calls.append(token)
+        held_at_die.extend(_held(installed, ids, calls))
+        raise DieException("stop now")
+
+    queue = make_queue(callbacks={"rec": rec, "die": die})
+    ids = {f"a{n}": queue.publish("rec", [f"a{n}"], serial_group=group) for n in range(12)}
+    ids["die"] = queue.publish("die", ["die"], serial_group=group)
+    after = {f"b{n}": queue.publish("rec", [f"b{n}"], serial_group=group) for n in range(12)}
+    ids.update(after)
+    worker = workers(queue)
+    assert worker.returned(15) == 0, "a DieException stops work() by itself, with exit code 0"
+    assert queue.should_die
+    assert calls == [f"a{n}" for n in range(12)] + ["die"], "no job ran after the DieException"
+    rows = _rows(installed)
+    assert rows[ids["die"]]["state"] == JobState.PERMANENTLY_FAILED
+    assert rows[ids["die"]]["error_message"] == "stop now"
+    assert all(rows[ids[f"a{n}"]]["state"] == JobState.FINISHED for n in range(12))
+    for job in after.values():
+        _assert_given_back(rows[job])
+    assert not _processing(installed)
+    if not grouped:
+        assert held_at_die, "jobs were claimed ahead of the DieException (the give-back was exercised)"
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["ungrouped", "grouped"])
+def test_stop_request_finishes_the_running_job_and_gives_back_the_claimed_ones(
+    make_queue, installed, workers, grouped
+):
+    """The stop is requested while the worker holds claimed, unstarted jobs (ungrouped: a batch;
+    grouped: the group's next job, claimed by the hand-off when the running one is written)."""
+    calls: list[str] = []
+    trigger: dict[str, Any] = {}
+    group = "g" if grouped else None
+
+    def rec(token: str) -> None:
+        calls.append(token)
+        if trigger:
+            return
+        held = _held(installed, ids, calls)
+        if (grouped and len(calls) == 10) or (not grouped and len(calls) > 10 and len(held) >= 2):
+            trigger.update(token=token, held=held)
+            worker.stop.requested = True
+            time.sleep(0.3)  # the running job still finishes and is written
+
+    queue = make_queue(callbacks={"rec": rec})
+    ids = {f"t{n}": queue.publish("rec", [f"t{n}"], serial_group=group) for n in range(60)}
+    worker = workers(queue, run=False)
+    worker.start()
+    assert worker.returned(15) == 0
+    assert trigger, "the stop was requested while jobs were held"
+    rows = _rows(installed)
+    assert rows[ids[trigger["token"]]]["state"] == JobState.FINISHED, "the running job's result is written"
+    assert calls[-1] == trigger["token"], "no job started after the stop request"
+    assert len(calls) == len(set(calls))
+    for token, job in ids.items():
+        if token in calls:
+            assert rows[job]["state"] == JobState.FINISHED and rows[job]["number_of_attempts"] == 1
+        else:
+            _assert_given_back(rows[job])
+    for job in trigger["held"]:
+        _assert_given_back(rows[job])
+    assert not _processing(installed), "no job stays PROCESSING after work() returned"
+
+
+def test_held_jobs_are_given_back_while_a_slow_job_runs(make_queue, installed, workers):
+    """stalled_job_timeout 2 s -> a claimed job waits at most 1 s: worker A's batch mates of a slow
+    job are given back and worker B runs them while A is still inside the slow job."""
+    lock = threading.Lock()
+    runs: list[tuple[str, str, float]] = []  # (token, worker, end)
+    slow: dict[str, Any] = {}
+    b_may_start = threading.Event()
+
+    def rec(token: str) -> None:
+        me = threading.current_thread().name
+        if me == "A" and not slow and len(runs) >= 10:
+            held = _held(installed, ids, [r[0] for r in runs] + [token])
+            if len(held) >= 3:
+                slow.update(token=token, held=held)
+                b_may_start.set()
+                time.sleep(3.0)
+                slow["end"] = time.monotonic()
+        with lock:
+            runs.append((token, me, time.monotonic()))
+
+    queue_a = make_queue(callbacks={"rec": rec}, stalled_job_timeout=2)
+    ids = {f"t{n}": queue_a.publish("rec", [f"t{n}"]) for n in range(60)}
+    workers(queue_a, name="A")
+    assert b_may_start.wait(15), "worker A held jobs behind a running one"
+    workers(make_queue(callbacks={"rec": rec}, stalled_job_timeout=2), name="B")
+    wait_until(lambda: len(runs) >= len(ids), 20, "every job to run")
+    assert Counter(r[0] for r in runs) == Counter(ids.keys()), "no job ran twice"
+    by_id = {ids[token]: (who, end) for token, who, end in runs}
+    for job in slow["held"]:
+        who, end = by_id[job]
+        assert who == "B" and end < slow["end"], f"job {job} waited for A's slow job ({who})"
+    rows = _rows(installed)
+    assert all(r["state"] == JobState.FINISHED and r["number_of_attempts"] == 1 for r in rows.values())
+
+
+# --- configuration and options ---
+
+
+def test_a_queue_with_a_broker_is_refused(make_queue, installed, cli):
+    job = make_queue().publish("noop")
+    broker_queue = make_queue(producer=object())
+    with pytest.raises(ConfigError, match="broker"):
+        work(broker_queue, stop=Stop())
+    runner = cli()
+    runner.env["BGQ_TEST_WORK_BROKER"] = "1"
+    proc = runner.start("work")
+    assert proc.wait(20) == 1
+    assert "this queue has a broker: use `bgq consume`" in runner.output(proc)
+    _assert_given_back(_row(installed, job))
+
+
+def test_cli_priority_range_runs_only_those_priorities(make_queue, installed, cli):
+    runner = cli()
+    queue = make_queue(callbacks={"ledger": work_app.ledger}, priorities=[1, 2, 3])
+    by_priority = {
+        p: [queue.publish("ledger", [f"p{p}-{n}"], priority=p) for n in range(4)] for p in (1, 2, 3)
+    }
+    in_range = [queue.publish("ledger", ["g2"], serial_group="g", priority=2)]
+    in_range.append(queue.publish("ledger", ["g3"], serial_group="g", priority=3))
+    blocked = [queue.publish("ledger", ["h3"], serial_group="h", priority=3)]
+    blocked.insert(0, queue.publish("ledger", ["h1"], serial_group="h", priority=1))  # h's head: p1
+    proc = runner.start("work", "-p", "2-3")
+    wanted = by_priority[2] + by_priority[3] + in_range
+    wait_until(lambda: _all_in(installed, wanted, TERMINAL), 20, "the jobs of priorities 2-3")
+    time.sleep(0.5)
+    assert runner.terminate(proc)[0] == 0
+    rows = _rows(installed)
+    assert all(rows[j]["state"] == JobState.FINISHED for j in wanted)
+    for job in by_priority[1] + blocked:
+        assert rows[job]["state"] == JobState.READY and rows[job]["number_of_attempts"] == 0, rows[job]
+    started = {e["token"] for e in runner.events() if e["event"] == "start"}
+    assert not started & {"p1-0", "p1-1", "p1-2", "p1-3", "h1", "h3"}
+
+
+# --- the command line: SIGTERM, --concurrency, NOTIFY ---
+
+
+def test_cli_sigterm_exits_0_after_the_running_job_is_written(make_queue, installed, cli):
+    runner = cli()
+    queue = make_queue(callbacks={"ledger": work_app.ledger}, priorities=[1, 2, 3])
+    slow = queue.publish("ledger", ["slow", None, 2.0])
+    proc = runner.start("work")
+    wait_until(lambda: any(e["token"] == "slow" for e in runner.events()), 20, "the slow job to start")
+    later = [queue.publish("ledger", [f"later{n}"]) for n in range(5)]
+    code, _ = runner.terminate(proc, timeout=10)
+    exited = time.time()
+    assert code == 0, runner.output(proc)
+    assert _row(installed, slow)["state"] == JobState.FINISHED
+    events = [e for e in runner.events() if e["token"] == "slow"]
+    assert [e["event"] for e in events] == ["start", "end"], "the running job was not cut short"
+    assert exited - events[1]["at"] < 3.0, f"exit came {exited - events[1]['at']:.1f} s after the job ended"
+    for job in later:
+        _assert_given_back(_row(installed, job))
+    assert not _processing(installed)
+    assert not [e for e in runner.events() if e["token"].startswith("later")], "no job started after SIGTERM"
+
+
+def test_cli_sigterm_stops_an_idle_worker_within_its_poll(installed, cli):
+    """Idle with the default --poll (1 s): SIGTERM is seen at the next wake-up at the latest."""
+    runner = cli()
+    proc = runner.start("work")
+    runner.wait_ready(1)
+    time.sleep(1.5)
+    code, took = runner.terminate(proc, timeout=10)
+    assert code == 0, runner.output(proc)
+    assert took < 3.0, f"an idle worker took {took:.1f} s to stop"
+
+
+def test_cli_concurrency_2_runs_two_processes_and_sigterm_stops_all(make_queue, installed, cli):
+    runner = cli()
+    queue = make_queue(callbacks={"ledger": work_app.ledger}, priorities=[1, 2, 3])
+    ids = [queue.publish("ledger", [f"t{n}", None, 0.1]) for n in range(60)]
+    proc = runner.start("work", "--concurrency", "2")
+    wait_until(lambda: sum(e["event"] == "end" for e in runner.events()) >= 10, 20, "10 jobs to run")
+    code, took = runner.terminate(proc, timeout=15)
+    assert code == 0, runner.output(proc)
+    rows = _rows(installed)
+    ran = [rows[i] for i in ids if rows[i]["state"] == JobState.FINISHED]
+    pids = {r["pid"] for r in ran}
+    assert len(pids) == 2 and proc.pid not in pids, f"two worker processes ran jobs: {pids}"
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    for job in ids:
+        if rows[job]["state"] != JobState.FINISHED:
+            _assert_given_back(rows[job])
+    assert not _processing(installed)
+    ended = Counter(e["token"] for e in runner.events() if e["event"] == "end")
+    assert all(v == 1 for v in ended.values()) and len(ended) == len(ran)
+
+
+@pytest.mark.parametrize("dialect", ["postgres"], indirect=True)
+def test_cli_postgres_notify_wakes_an_idle_worker(make_queue, installed, cli, dialect):
+    """With --poll 30 an idle worker only wakes early by NOTIFY (the insert trigger)."""
+    runner = cli()
+    queue = make_queue(callbacks={"ledger": work_app.ledger}, priorities=[1, 2, 3])
+    first = queue.publish("ledger", ["first"])
+    proc = runner.start("work", "--poll", "30")
+    wait_until(lambda: _row(installed, first)["state"] == JobState.FINISHED, 20, "the first job")
+    time.sleep(1.5)  # idle now, in a 30 s wait
+    published = time.monotonic()
+    second = queue.publish("ledger", ["second"])
+    wait_until(lambda: _row(installed, second)["state"] == JobState.FINISHED, 10, "the second job")
+    took = time.monotonic() - published
+    assert took < 1.5, f"the idle worker took {took:.2f} s to pick up a new job"
+    proc.send_signal(signal.SIGTERM)
+    installed.sql("NOTIFY {t}")  # an idle worker sees SIGTERM at its next wake-up
+    assert proc.wait(10) == 0, runner.output(proc)

@@ -1,0 +1,207 @@
+"""The application `bgq work` runs in the tests: `bgq --app tests.work_app:queue work`.
+
+Configured by environment variables (set by tests/test_work*.py):
+  BGQ_TEST_WORK_URL, BGQ_TEST_WORK_TABLE  the installed test table
+  BGQ_TEST_WORK_LEDGER                   the ledger table the callbacks write start/end events to
+  BGQ_TEST_WORK_STALLED                  stalled_job_timeout (default 3600)
+  BGQ_TEST_WORK_BROKER                   if set, a (dummy) producer: a broker-mode queue
+
+The ledger (one row per event, `seq` in commit order) is what the tests read: a callback writes
+'start' before its work and 'end' after it, each in its own committed transaction, so for two
+jobs of one group "no overlap" means their events alternate start, end, start, end in seq order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from bgq import Queue
+
+_engines: dict[tuple[int, str], sa.Engine] = {}
+
+
+def create_ledger(url: str, ledger: str) -> None:
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.exec_driver_sql(
+                f"CREATE TABLE {ledger} (seq BIGSERIAL PRIMARY KEY, token VARCHAR(64), grp VARCHAR(64), "
+                "event VARCHAR(8), pid INT, at DOUBLE PRECISION)"
+            )
+        else:
+            conn.exec_driver_sql(
+                f"CREATE TABLE {ledger} (seq BIGINT AUTO_INCREMENT PRIMARY KEY, token VARCHAR(64), "
+                "grp VARCHAR(64), event VARCHAR(8), pid INT, at DOUBLE) ENGINE=InnoDB"
+            )
+    engine.dispose()
+
+
+def drop_ledger(url: str, ledger: str) -> None:
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {ledger}")
+    engine.dispose()
+
+
+def read_ledger(url: str, ledger: str) -> list[dict[str, Any]]:
+    """Every event in seq order: {seq, token, grp, event, pid, at}."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                f"SELECT seq, token, grp, event, pid, at FROM {ledger} ORDER BY seq"
+            ).mappings()
+            return [dict(r) for r in rows]
+    finally:
+        engine.dispose()
+
+
+def _engine() -> sa.Engine:
+    """This process's ledger engine: a forked child (`bgq work -c N`) never reuses the parent's sockets."""
+    key = (os.getpid(), os.environ["BGQ_TEST_WORK_URL"])
+    if key not in _engines:
+        for (pid, url), inherited in list(_engines.items()):
+            if pid != key[0]:
+                inherited.dispose(close=False)
+                del _engines[(pid, url)]
+        _engines[key] = sa.create_engine(key[1])
+    return _engines[key]
+
+
+def dispose() -> None:
+    """Close this process's ledger connections (the test process, after a test)."""
+    for engine in _engines.values():
+        engine.dispose()
+    _engines.clear()
+
+
+def write(event: str, token: str, grp: str | None = None) -> None:
+    with _engine().begin() as conn:
+        conn.exec_driver_sql(
+            f"INSERT INTO {os.environ['BGQ_TEST_WORK_LEDGER']} (token, grp, event, pid, at) "
+            "VALUES (%s, %s, %s, %s, %s)",
+            (token, grp, event, os.getpid(), time.time()),
+        )
+
+
+def ledger(token: str, grp: str | None = None, seconds: float = 0.0) -> None:
+    """A job of the proofs: start, a short random pause (or `seconds`), end."""
+    write("start", token, grp)
+    time.sleep(seconds if seconds else random.uniform(0, 0.004))
+    write("end", token, grp)
+
+
+def slow_once(token: str, grp: str | None = None, seconds: float = 30.0) -> None:
+    """Slow on its first run only (a later run finds its earlier 'start' in the ledger): the job a
+    test SIGKILLs its worker in."""
+    with _engine().connect() as conn:
+        ran_before = conn.exec_driver_sql(
+            f"SELECT COUNT(*) FROM {os.environ['BGQ_TEST_WORK_LEDGER']} WHERE token = %s AND event = 'start'",
+            (token,),
+        ).scalar_one()
+    ledger(token, grp, 0.001 if ran_before else seconds)
+
+
+def queue() -> Queue:
+    """The factory `--app tests.work_app:queue` calls; it logs a 'ready' event for its process."""
+    built = Queue(
+        callbacks={"ledger": ledger, "slow_once": slow_once, "noop": lambda *a, **k: None},
+        database_url=os.environ["BGQ_TEST_WORK_URL"],
+        table_name=os.environ["BGQ_TEST_WORK_TABLE"],
+        queue="general",
+        priorities=[1, 2, 3],
+        stalled_job_timeout=int(os.environ.get("BGQ_TEST_WORK_STALLED", "3600")),
+        producer=object() if os.environ.get("BGQ_TEST_WORK_BROKER") else None,  # bgq work refuses it
+    )
+    if os.environ.get("BGQ_TEST_WORK_LEDGER"):
+        write("ready", "-")
+    return built
+
+
+# --- for the tests: `bgq work` processes on this app, and waiting ---
+
+ROOT = Path(__file__).resolve().parent.parent
+BGQ = str(Path(sys.executable).parent / "bgq")
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll `predicate` until it returns something true; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+class Cli:
+    """Start `bgq --app tests.work_app:queue work ...` processes; kill whatever is left at close()."""
+
+    def __init__(self, url: str, table: str, ledger: str, logs: Path, stalled: int | None = None) -> None:
+        self.url, self.ledger, self.logs = url, ledger, logs
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("BGQ_")}
+        self.env.update(BGQ_TEST_WORK_URL=url, BGQ_TEST_WORK_TABLE=table, BGQ_TEST_WORK_LEDGER=ledger)
+        if stalled is not None:
+            self.env["BGQ_TEST_WORK_STALLED"] = str(stalled)
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"worker{len(self.procs)}.log").open("wb")
+        proc = subprocess.Popen(
+            [BGQ, "--app", "tests.work_app:queue", *args],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: close() reaches forked children too
+        )
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def output(self, proc: subprocess.Popen[bytes]) -> str:
+        return (self.logs / f"worker{self.procs.index(proc)}.log").read_text(errors="replace")
+
+    def events(self) -> list[dict[str, Any]]:
+        return read_ledger(self.url, self.ledger)
+
+    def wait_ready(self, count: int, timeout: float = 20.0) -> None:
+        """Wait until `count` worker processes have loaded the app (and so are about to claim)."""
+        wait_until(
+            lambda: sum(e["event"] == "ready" for e in self.events()) >= count,
+            timeout,
+            f"{count} worker(s) to start",
+            interval=0.1,
+        )
+
+    def terminate(self, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> tuple[int, float]:
+        """SIGTERM, then wait: (exit code, seconds it took)."""
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"bgq work did not exit within {timeout} s of SIGTERM:\n{self.output(proc)}"
+            ) from None
+        return code, time.monotonic() - started
+
+    def close(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
