@@ -1,9 +1,20 @@
 """Times head-of-group selection and the claim path with many WAITING jobs, on MariaDB and PostgreSQL.
 
-Usage: python tools/head_timing.py [--sizes 1000,20000,100000] [--groups 5000] [--explain]
-Each size fills a fresh table: per group one PROCESSING job, then the WAITING jobs spread over
-the groups with mixed priorities; the group rows are derived by the procedures themselves.
-Prints the median of several runs per operation, in ms. Bounded: at most the sizes given.
+Usage: python tools/head_timing.py [--sizes 1000,20000,100000] [--groups 5000] [--dialects mysql,postgres]
+       [--explain]
+Each size W fills a fresh table: per group (G = min(W, --groups)) one PROCESSING job, then the W
+WAITING jobs spread at random over the groups with priorities 1 to 3; the group rows are derived
+by the procedures themselves, then the tables are analysed. Prints the median of 7 runs per
+operation, in ms (every write is rolled back, so each run sees the same table):
+  group_heads     one group_heads call: every group's WAITING head (G rows)
+  predecessor     one predecessor call for a WAITING job (mean over 10 jobs per run)
+  claim(wait)     one claim of a WAITING job whose group runs a job, refused "waiting" (mean of 10)
+  batch(busy)     one claim_batch (bgq work's claim, limit 100) while every group runs a job:
+                  no head may be claimed, it claims nothing
+  batch(idle)     one claim_batch (limit 1) after the running jobs were set FINISHED in the same
+                  transaction (untimed): all G heads may be claimed, it claims the first
+  fill s          the time the fill took (setup, not a result)
+batch(...) shows "-" if the installed bgq has no claim_batch. Bounded: at most the sizes given.
 """
 
 from __future__ import annotations
@@ -77,11 +88,35 @@ def timed(fn) -> float:
     return statistics.median(samples)
 
 
+def batch_claim(db: Database, procs: Procs, limit: int, expected: int, conn) -> None:
+    """One claim_batch for queue 'general', rolled back (in `conn`'s transaction if given)."""
+    if conn is not None:
+        claimed = procs.claim_batch(conn, "general", limit, 1, None, None, None, 1000)
+        assert len(claimed) == expected, (len(claimed), expected)
+        return
+    with db.engine.connect() as conn, conn.begin() as tx:
+        batch_claim(db, procs, limit, expected, conn)
+        tx.rollback()
+
+
+def timed_in_tx(db: Database, prepare_sql: str, fn) -> float:
+    """Median ms of fn(conn), each run in its own transaction after `prepare_sql` (untimed), rolled back."""
+    samples = []
+    for _ in range(RUNS):
+        with db.engine.connect() as conn, conn.begin() as tx:
+            conn.exec_driver_sql(prepare_sql)
+            started = time.perf_counter()
+            fn(conn)
+            samples.append((time.perf_counter() - started) * 1000)
+            tx.rollback()
+    return statistics.median(samples)
+
+
 def measure(dialect: str, waiting: int, groups: int, explain: bool) -> dict[str, float]:
     db = Database(URLS[dialect])
     table = f"bgq_bench_{uuid.uuid4().hex[:8]}"
-    install(db, table)
     try:
+        install(db, table)
         fill_started = time.perf_counter()
         ids = fill(db, table, waiting, groups)
         fill_s = time.perf_counter() - fill_started
@@ -114,6 +149,10 @@ def measure(dialect: str, waiting: int, groups: int, explain: bool) -> dict[str,
             "predecessor_ms": timed(predecessor) / 10,
             "claim_waiting_ms": timed(claim_waiting) / 10,
         }
+        if hasattr(procs, "claim_batch"):  # bgq work's claim (it came with `bgq work`)
+            result["batch_busy_ms"] = timed(lambda: batch_claim(db, procs, 100, 0, None))
+            free = f"UPDATE {table} SET state = 3 WHERE state = 2"
+            result["batch_idle_ms"] = timed_in_tx(db, free, lambda c: batch_claim(db, procs, 1, 1, c))
         if explain:
             print_explain(db, table)
         return result
@@ -162,17 +201,28 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(
         f"{'dialect':9} {'waiting':>8} {'groups':>6} {'group_heads ms':>15} {'predecessor ms':>15} "
-        f"{'claim(wait) ms':>15} {'fill s':>7}"
+        f"{'claim(wait) ms':>15} {'batch(busy) ms':>15} {'batch(idle) ms':>15} {'fill s':>7}"
     )
+    failed = False
     for dialect in args.dialects.split(","):
         for size in sizes:
             groups = min(args.groups, size)
-            r = measure(dialect, size, groups, args.explain)
+            try:
+                r = measure(dialect, size, groups, args.explain)
+            except Exception as exc:  # report it and go on with the other sizes and dialects
+                failed = True
+                why = str(exc).splitlines()[0][:200] if str(exc) else ""
+                print(f"{dialect:9} {size:>8} {groups:>6} failed: {type(exc).__name__}: {why}", flush=True)
+                continue
+            batch = [f"{r[k]:>15.2f}" if k in r else f"{'-':>15}" for k in ("batch_busy_ms", "batch_idle_ms")]
             print(
                 f"{dialect:9} {size:>8} {groups:>6} {r['group_heads_ms']:>15.2f} "
-                f"{r['predecessor_ms']:>15.3f} {r['claim_waiting_ms']:>15.3f} {r['fill_s']:>7.1f}",
+                f"{r['predecessor_ms']:>15.3f} {r['claim_waiting_ms']:>15.3f} {' '.join(batch)} "
+                f"{r['fill_s']:>7.1f}",
                 flush=True,
             )
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

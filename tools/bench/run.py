@@ -1,13 +1,35 @@
-"""Benchmarks bgq (cron/broker mode, PostgreSQL/MariaDB) side by side with procrastinate, pgqueuer, celery.
+"""Benchmarks bgq (work/cron/broker mode; PostgreSQL, MariaDB) beside procrastinate, pgqueuer and celery.
 
-Usage: python tools/bench/run.py [--jobs 10000] [--case-timeout 120] [--deadline 1200] [--out FILE]
-Cases: (a) enqueue one by one, (b) enqueue in bulk (500 per batch), (c) process with 1 worker process,
-(d) with 2, (e) all jobs in one serial group on 2 workers, (f) jobs spread over 100 groups on 2 workers.
-Every processing case enqueues its jobs first (untimed), starts the workers, waits until they have
-imported and connected, then times from "go" until the database (or, for celery, the workers' done
-files) reports all N jobs done. Everything is bounded: a per-case timeout, a global deadline, and
-worker processes (own process groups) are killed when a case ends. Each system gets fresh
-databases / tables / queue names and removes them afterwards.
+Usage: python tools/bench/run.py [--jobs 10000] [--systems KEY,...] [--cases a,b,...] [--case-timeout 120]
+           [--latency 200] [--latency-timeout 60] [--latency-gap 0.1] [--head-sizes 1000,20000,100000]
+           [--no-head-timing] [--deadline 2400] [--out docs/benchmarks.md]
+
+Throughput table (jobs/s), one row per system: (a) enqueue one by one, (b) enqueue in bulk (500 per
+batch), (c) process with 1 worker process, (d) with 2, (e) all jobs in one serial group on 2
+workers, (f) jobs spread over 100 groups on 2 workers. Every processing case enqueues its jobs first
+(untimed), starts the workers (one process each), waits until they have imported and connected, then
+times from "go" until the database (or, for celery, the workers' done files) reports all N jobs done;
+then the workers get SIGTERM. The bgq work rows reuse the publish path of the bgq cron rows: when
+the cron row of the same dialect runs too, their enqueue cells say "= cron" instead of measuring
+the same calls again. The last row is the best bgq row over the best peer row, per column.
+
+Latency table (ms): one idle worker process runs and waits; then, K times, the harness takes
+time.time() just before publish() of one job, the job's callback writes time.time() into a pipe as
+its first statement, and the harness waits for it before the next job (after a random pause of
+0.5 to 1.5 times --latency-gap). The first 5 samples are warm-up and dropped; p50 and p99 are
+nearest-rank percentiles. Run for every selected system with a continuous worker (not bgq cron).
+
+Head-of-group selection: tools/head_timing.py at --head-sizes waiting rows on both dialects.
+
+Bounded: a per-case timeout, a time limit per latency run, a global deadline; worker processes
+(own process groups) get SIGTERM, then SIGKILL, when a case ends. Each system gets fresh
+databases / tables / queue names and removes them afterwards (also after a failed setup). The
+workers' output (bgq work and broker workers log errors there) stays in a temporary directory whose
+name is printed.
+
+Systems (--systems): bgq-pg-work, bgq-pg-cron, bgq-pg-broker, bgq-my-work, bgq-my-cron,
+bgq-my-broker, procrastinate, pgqueuer, celery. Cases (--cases): a-f, or "none" to skip the
+throughput table; --latency 0 skips the latency table, --no-head-timing the head timing.
 """
 
 from __future__ import annotations
@@ -16,9 +38,14 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import importlib.util
 import json
 import logging
+import math
 import os
+import random
+import re
+import select
 import shutil
 import signal
 import subprocess
@@ -26,7 +53,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -44,10 +71,25 @@ CASE_TITLES = {
     "e": "(e) 1 group, 2 workers",
     "f": "(f) 100 groups, 2 workers",
 }
-GROUPS = {"c": None, "d": None, "e": 1, "f": 100}
-WORKERS = {"c": 1, "d": 2, "e": 2, "f": 2}
+LATENCY = "L"  # the latency run's case key: one worker, no groups
+GROUPS = {"c": None, "d": None, "e": 1, "f": 100, LATENCY: None}
+WORKERS = {"c": 1, "d": 2, "e": 2, "f": 2, LATENCY: 1}
 BULK = 500
 POLL = 0.05
+STOP_GRACE = 3.0  # seconds a worker has to exit after SIGTERM before it gets SIGKILL
+LATENCY_WARMUP = 5  # first samples of a latency run, dropped (connections, caches, worker start)
+LATENCY_IDLE = 1.0  # seconds the worker idles after "go" before the first job of a latency run
+SYSTEMS = [
+    "bgq-pg-work",
+    "bgq-pg-cron",
+    "bgq-pg-broker",
+    "bgq-my-work",
+    "bgq-my-cron",
+    "bgq-my-broker",
+    "procrastinate",
+    "pgqueuer",
+    "celery",
+]
 
 
 class CaseTimeout(Exception):
@@ -70,8 +112,29 @@ def silent_logger() -> logging.Logger:
     return log
 
 
+def worker_logger(mode: str) -> logging.Logger:
+    """bgq's logger in a worker process: errors go to the worker's log file; cron mode stays silent
+    (its racing workers log every lost claim at critical level, by design)."""
+    if mode == "cron":
+        return silent_logger()
+    log = logging.getLogger("bgq.bench.worker")
+    log.setLevel(logging.ERROR)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    return log
+
+
 def noop(*args, **kwargs) -> None:
     return None
+
+
+_STAMP_FD: int | None = None  # in a latency worker: the write end of the harness's pipe
+
+
+def stamp(seq: int) -> None:
+    """The latency callback: its first statement tells the harness when it started."""
+    os.write(_STAMP_FD, f"{seq} {time.time():.6f}\n".encode())
 
 
 def bounded(deadline: float) -> None:
@@ -128,7 +191,8 @@ def amqp_delete(queues: list[str]) -> None:
 
 # --- systems --------------------------------------------------------------------------------------
 # A system sets itself up, enqueues (timed by the caller), counts done jobs and cleans up.
-# `worker_spec(case)` is the JSON handed to `run.py --worker`.
+# `worker_spec(case)` is the JSON handed to `run.py --worker`; `latency_publisher()` yields a
+# function that publishes the latency job number `seq` (callback: `stamp(seq)`).
 
 
 class System:
@@ -137,7 +201,10 @@ class System:
     dialect = ""
     bulk_supported = True
     groups_supported = True
-    only_cases: set[str] | None = None
+    latency_supported = True
+    graceful_stop = False  # its workers run under bgq.worker.GracefulStop: SIGTERM must end them with 0
+    #: the label of a row whose enqueue cells this row shares (same publish path), if it runs too
+    enqueue_same_as: str | None = None
 
     def label(self) -> str:
         return f"{self.name} / {self.mode} / {self.dialect}"
@@ -154,14 +221,19 @@ class System:
 
     def worker_spec(self, case: str) -> dict: ...
 
+    def latency_publisher(self) -> contextlib.AbstractContextManager[Callable[[int], object]]: ...
+
 
 class Bgq(System):
     name = "bgq"
 
-    def __init__(self, dialect: str, broker: bool) -> None:
+    def __init__(self, dialect: str, mode: str) -> None:
         self.dialect = "postgres" if dialect == "postgres" else "mariadb"
-        self.broker = broker
-        self.mode = "broker" if broker else "cron"
+        self.mode = mode  # "work" (bgq work), "cron" (bgq process) or "broker" (bgq consume)
+        self.broker = mode == "broker"
+        self.latency_supported = mode != "cron"  # cron mode runs a job at the next cron start
+        self.graceful_stop = mode != "cron"  # cron workers exit by themselves once all jobs are done
+        self.created = False  # set before the first database object is created
         self.table = f"bgqb_{uuid.uuid4().hex[:8]}"
         self.db_name: str | None = None
         self.url = MYSQL_URL
@@ -174,6 +246,9 @@ class Bgq(System):
 
         import bgq
 
+        if self.mode == "work" and importlib.util.find_spec("bgq.work") is None:
+            raise NotApplicable("bgq/work.py does not exist")
+        self.created = True
         if self.dialect == "postgres":
             self.db_name = pg_create_db("bgq")
             self.url = pg_dsn(self.db_name).replace("postgresql://", "postgresql+psycopg://")
@@ -191,7 +266,7 @@ class Bgq(System):
 
             producer = RabbitMQ(AMQP_URL)
         return bgq.Queue(
-            callbacks={"noop": noop},
+            callbacks={"noop": noop, "stamp": stamp},
             database_url=self.url,
             table_name=self.table,
             queue=self.qname,
@@ -201,11 +276,11 @@ class Bgq(System):
         )
 
     def reset(self, case: str) -> None:
-        self.qname = f"bq{uuid.uuid4().hex[:8]}{case}"
+        self.qname = f"bq{uuid.uuid4().hex[:8]}{case.lower()}"
         self.queues_used += [f"{self.qname}_{p}" for p in (0, 1)] + [f"{self.qname}_1_1000"]
-        with self._engine.connect() as conn:
-            conn.exec_driver_sql(f"DELETE FROM {self.table}")
-            conn.exec_driver_sql(f"DELETE FROM {self.table}_group")
+        with self._engine.connect() as conn:  # TRUNCATE: no dead rows left for the next case to skip
+            conn.exec_driver_sql(f"TRUNCATE TABLE {self.table}")
+            conn.exec_driver_sql(f"TRUNCATE TABLE {self.table}_group")
 
     def enqueue(self, n: int, bulk: bool, groups: int | None, deadline: float) -> None:
         q = self.queue(BULK if bulk else 1)
@@ -226,7 +301,15 @@ class Bgq(System):
             return conn.exec_driver_sql(f"SELECT COUNT(*) FROM {self.table} WHERE state = 3").scalar_one()
 
     def worker_spec(self, case: str) -> dict:
-        return {"url": self.url, "table": self.table, "queue": self.qname, "broker": self.broker}
+        return {"url": self.url, "table": self.table, "queue": self.qname, "mode": self.mode}
+
+    @contextlib.contextmanager
+    def latency_publisher(self) -> Iterator[Callable[[int], object]]:
+        q = self.queue()
+        try:
+            yield lambda seq: q.publish("stamp", [seq])
+        finally:
+            q.close()
 
     def cleanup(self) -> None:
         from bgq.db import Database
@@ -238,7 +321,7 @@ class Bgq(System):
             amqp_delete(self.queues_used)
         if self.db_name:
             pg_drop_db(self.db_name)
-        else:
+        elif self.created:  # also after a failed install: it may have created some of the tables
             db = Database(self.url)
             try:
                 uninstall(db, self.table)
@@ -295,9 +378,17 @@ class Procrastinate(System):
     def worker_spec(self, case: str) -> dict:
         return {"dsn": self.dsn}
 
-    def cleanup(self) -> None:
-        self.conn.close()
-        pg_drop_db(self.db_name)
+    @contextlib.contextmanager
+    def latency_publisher(self) -> Iterator[Callable[[int], object]]:
+        task = self.app.tasks["bench_stamp"]
+        with self.app.open():
+            yield lambda seq: task.defer(seq=seq)
+
+    def cleanup(self) -> None:  # also after a failed setup
+        if getattr(self, "conn", None) is not None:
+            self.conn.close()
+        if getattr(self, "db_name", None):
+            pg_drop_db(self.db_name)
 
 
 def make_procrastinate(dsn: str):
@@ -308,6 +399,10 @@ def make_procrastinate(dsn: str):
     @app.task(name="bench_noop")
     def bench_noop() -> None:
         return None
+
+    @app.task(name="bench_stamp")
+    def bench_stamp(seq: int) -> None:
+        stamp(seq)
 
     return app
 
@@ -363,11 +458,32 @@ class PgQueuer(System):
         return self.total - self.conn.execute("SELECT COUNT(*) FROM pgqueuer").fetchone()[0]
 
     def worker_spec(self, case: str) -> dict:
-        return {"dsn": self.dsn, "groups": GROUPS[case]}
+        return {"dsn": self.dsn, "groups": GROUPS[case], "latency": case == LATENCY}
 
-    def cleanup(self) -> None:
-        self.conn.close()
-        pg_drop_db(self.db_name)
+    @contextlib.contextmanager
+    def latency_publisher(self) -> Iterator[Callable[[int], object]]:
+        import psycopg
+        from pgqueuer import PsycopgDriver, Queries
+
+        async def connect():
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+            return conn, Queries(PsycopgDriver(conn))
+
+        loop = asyncio.new_event_loop()
+        try:
+            conn, q = loop.run_until_complete(connect())
+            try:
+                yield lambda seq: loop.run_until_complete(q.enqueue("stamp", str(seq).encode()))
+            finally:
+                loop.run_until_complete(conn.close())
+        finally:
+            loop.close()
+
+    def cleanup(self) -> None:  # also after a failed setup
+        if getattr(self, "conn", None) is not None:
+            self.conn.close()
+        if getattr(self, "db_name", None):
+            pg_drop_db(self.db_name)
 
 
 class Celery(System):
@@ -380,11 +496,11 @@ class Celery(System):
         self.done_dir = ""
 
     def reset(self, case: str) -> None:
-        self.qname = f"cel{uuid.uuid4().hex[:8]}{case}"
+        self.qname = f"cel{uuid.uuid4().hex[:8]}{case.lower()}"
         self.queues_used.append(self.qname)
 
     def enqueue(self, n: int, bulk: bool, groups: int | None, deadline: float) -> None:
-        app, task = make_celery(self.qname, None)
+        app, task, _stamp = make_celery(self.qname, None)
         try:
             with app.producer_or_acquire() as producer:
                 for i in range(n):
@@ -400,8 +516,17 @@ class Celery(System):
     def worker_spec(self, case: str) -> dict:
         return {"queue": self.qname, "done_dir": self.done_dir}
 
-    def cleanup(self) -> None:
-        amqp_delete(self.queues_used)
+    @contextlib.contextmanager
+    def latency_publisher(self) -> Iterator[Callable[[int], object]]:
+        app, _task, stamp_task = make_celery(self.qname, None)
+        try:
+            with app.producer_or_acquire() as producer:
+                yield lambda seq: stamp_task.apply_async(args=[seq], producer=producer)
+        finally:
+            app.close()
+
+    def cleanup(self) -> None:  # and the workers' remote-control exchange
+        amqp_delete(self.queues_used + ["celery.pidbox"])
 
 
 def make_celery(qname: str, done_dir: str | None):
@@ -418,20 +543,26 @@ def make_celery(qname: str, done_dir: str | None):
 
     @app.task(name="bench.noop")
     def bench_noop() -> None:
-        if done_dir is not None:  # one byte per finished job, in this worker's own file
+        if done_dir:  # one byte per finished job, in this worker's own file
             if "fd" not in state:
                 path = os.path.join(done_dir, f"done-{os.getpid()}")
                 state["fd"] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             os.write(state["fd"], b"x")
 
-    return app, bench_noop
+    @app.task(name="bench.stamp")
+    def bench_stamp(seq: int) -> None:
+        stamp(seq)
+
+    return app, bench_noop, bench_stamp
 
 
 # --- worker processes -----------------------------------------------------------------------------
 
 
 def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
-    """Runs in a subprocess: prepare, signal ready, wait for go, then work until killed or done."""
+    """Runs in a subprocess: prepare, signal ready, wait for go, then work until stopped or done."""
+    global _STAMP_FD
+    _STAMP_FD = spec.get("stamp_fd")
 
     def barrier() -> None:
         Path(ready).touch()
@@ -443,28 +574,38 @@ def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
 
     if kind == "bgq":
         import bgq
+        from bgq.worker import GracefulStop
 
+        mode = spec["mode"]
         producer = None
-        if spec["broker"]:
+        if mode == "broker":
             from bgq.broker.rabbitmq import RabbitMQ
 
             producer = RabbitMQ(AMQP_URL)
         queue = bgq.Queue(
-            callbacks={"noop": noop},
+            callbacks={"noop": noop, "stamp": stamp},
             database_url=spec["url"],
             table_name=spec["table"],
             queue=spec["queue"],
             producer=producer,
-            logger=silent_logger(),
+            logger=worker_logger(mode),
         )
         queue.procs  # connect and check the installed procedures before "go"  # noqa: B018
-        barrier()
-        if spec["broker"]:
-            from bgq.worker import GracefulStop, consume
+        if mode == "work":
+            from bgq.work import work
 
-            with GracefulStop() as stop:
+            barrier()
+            with GracefulStop() as stop:  # what `bgq work` runs; SIGTERM ends it
+                work(queue, sub_queue=None, priorities=None, stop=stop)
+            return
+        if mode == "broker":
+            from bgq.worker import consume
+
+            barrier()
+            with GracefulStop() as stop:  # what `bgq consume` runs; SIGTERM ends it
                 consume(queue, None, 0, [1], stop)
             return
+        barrier()
         table = spec["table"]
         while True:  # cron mode: loop process() until no unfinished job is left
             report = queue.process()
@@ -493,8 +634,13 @@ def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
             async def handler(job) -> None:
                 return None
 
+            async def stamp_handler(job) -> None:
+                stamp(int(job.payload))
+
             groups = spec["groups"]
-            if groups is None:
+            if spec["latency"]:
+                pgq.entrypoint("stamp")(stamp_handler)
+            elif groups is None:
                 pgq.entrypoint("noop")(handler)
             else:  # one entrypoint per group, each serialised (concurrency_limit=1)
                 for g in range(groups):
@@ -505,7 +651,7 @@ def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
         logging.getLogger("pgqueuer").setLevel(logging.ERROR)
         asyncio.run(run())
     elif kind == "celery":
-        app, _task = make_celery(spec["queue"], spec["done_dir"])
+        app, _task, _stamp = make_celery(spec["queue"], spec["done_dir"])
         barrier()
         app.worker_main(
             [
@@ -525,49 +671,85 @@ def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
         raise SystemExit(f"unknown worker kind {kind}")
 
 
-def kill_group(proc: subprocess.Popen, grace: float) -> None:
+def kill_group(proc: subprocess.Popen, grace: float) -> str:
+    """Stop a worker's process group: SIGTERM, then SIGKILL. Returns how it ended."""
     if proc.poll() is not None:
-        return
+        return "exited"
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            return "exited"
         try:
             proc.wait(timeout=wait)
-            return
+            return "SIGTERM" if sig == signal.SIGTERM else "SIGKILL"
         except subprocess.TimeoutExpired:
             continue
+    return "still running after SIGKILL"
+
+
+class Workers:
+    """The worker processes of one case: started, released together at "go", stopped at the end."""
+
+    def __init__(self, system: System, case: str, logdir: Path, extra: dict | None = None) -> None:
+        self.system = system
+        self.case = case
+        self.count = WORKERS[case]
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"bench-{system.name}-{case}-"))
+        self.procs: list[subprocess.Popen] = []
+        if isinstance(system, Celery):
+            system.done_dir = str(self.tmp)
+        spec = json.dumps({**system.worker_spec(case), **(extra or {})})
+        pass_fds = (extra["stamp_fd"],) if extra and "stamp_fd" in extra else ()
+        tag = f"{system.name}-{system.mode}-{system.dialect}-{case}"
+        try:
+            for i in range(self.count):
+                with open(logdir / f"{tag}-{i}.log", "w") as log:
+                    self.procs.append(
+                        subprocess.Popen(
+                            [sys.executable, __file__, "--worker", system.name, spec]
+                            + [str(self.tmp / f"ready-{i}"), str(self.tmp / "go")],
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                            cwd=ROOT,
+                            pass_fds=pass_fds,
+                        )
+                    )
+        except BaseException:
+            self.stop()  # the workers started so far
+            raise
+
+    def go(self) -> bool:
+        """Wait until every worker is ready, then release them; False if one failed to start."""
+        limit = time.monotonic() + 120
+        while len(list(self.tmp.glob("ready-*"))) < self.count:
+            if time.monotonic() > limit or any(p.poll() not in (None, 0) for p in self.procs):
+                return False
+            time.sleep(0.01)
+        (self.tmp / "go").touch()
+        return True
+
+    def all_exited(self) -> bool:
+        return all(p.poll() is not None for p in self.procs)
+
+    def stop(self) -> None:
+        for i, p in enumerate(self.procs):
+            how = kill_group(p, grace=STOP_GRACE)
+            if not self.system.graceful_stop:  # the peers' and bgq cron's way to stop is not checked
+                continue
+            if how not in ("exited", "SIGTERM"):
+                print(f"   worker {i} ({self.case}) did not exit within {STOP_GRACE:.0f}s of SIGTERM: {how}")
+            elif how == "SIGTERM" and p.returncode != 0:  # GracefulStop ends bgq's workers with 0
+                print(f"   worker {i} ({self.case}) exited with status {p.returncode} after SIGTERM")
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def run_processing(system: System, case: str, n: int, timeout: float, logdir: Path) -> str:
-    kind = system.name
-    workers = WORKERS[case]
-    tmp = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-{case}-"))
-    procs: list[subprocess.Popen] = []
+    workers = Workers(system, case, logdir)
     try:
-        if isinstance(system, Celery):
-            system.done_dir = str(tmp)
-        spec = json.dumps(system.worker_spec(case))
-        go = tmp / "go"
-        for i in range(workers):
-            log = open(logdir / f"{kind}-{system.mode}-{system.dialect}-{case}-{i}.log", "w")  # noqa: SIM115
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, __file__, "--worker", kind, spec, str(tmp / f"ready-{i}"), str(go)],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    cwd=ROOT,
-                )
-            )
-            log.close()
-        limit = time.monotonic() + 120
-        while len(list(tmp.glob("ready-*"))) < workers:
-            if time.monotonic() > limit or any(p.poll() not in (None, 0) for p in procs):
-                return "error (worker start)"
-            time.sleep(0.01)
-        go.touch()
+        if not workers.go():
+            return "error (worker start)"
         started = time.monotonic()
         deadline = started + timeout
         while True:
@@ -575,29 +757,122 @@ def run_processing(system: System, case: str, n: int, timeout: float, logdir: Pa
                 return f"{n / (time.monotonic() - started):.0f}"
             if time.monotonic() > deadline:
                 return f"timeout ({system.done()}/{n} in {timeout:.0f}s)"
-            if all(p.poll() is not None for p in procs) and system.done() < n:
+            if workers.all_exited() and system.done() < n:
                 return "error (workers exited)"
             time.sleep(POLL)
     finally:
-        for p in procs:
-            kill_group(p, grace=3.0)
-        shutil.rmtree(tmp, ignore_errors=True)
+        workers.stop()
 
 
-def run_system(system: System, args, results: dict, global_deadline: float, logdir: Path) -> None:
+class Stamps:
+    """Reads the "<seq> <time>" lines that the latency callbacks write into the pipe."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = b""
+        self.started: dict[int, float] = {}
+        self.closed = False
+
+    def wait(self, seq: int, deadline: float) -> float | None:
+        """The callback start time of job `seq`; None at the deadline or when the writers are gone."""
+        while seq not in self.started:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.closed:
+                return None
+            readable, _, _ = select.select([self.fd], [], [], left)
+            if not readable:
+                continue
+            chunk = os.read(self.fd, 65536)
+            if not chunk:  # every worker process has closed the write end: they died
+                self.closed = True
+                continue
+            *lines, self.buffer = (self.buffer + chunk).split(b"\n")
+            for line in lines:
+                number, at = line.split()
+                self.started.setdefault(int(number), float(at))
+        return self.started[seq]
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile of sorted `values`."""
+    return values[max(0, math.ceil(p / 100 * len(values)) - 1)]
+
+
+def run_latency(system: System, samples: int, timeout: float, gap: float, logdir: Path) -> dict[str, str]:
+    """One idle worker; `samples` jobs one at a time: publish -> callback start, in ms."""
+    read_fd, write_fd = os.pipe()
+    workers = None
+    try:
+        workers = Workers(system, LATENCY, logdir, extra={"stamp_fd": write_fd})
+        os.close(write_fd)  # the workers hold the write end now: EOF on read_fd means they are gone
+        write_fd = -1
+        if not workers.go():
+            return {"p50": "error (worker start)"}
+        stamps = Stamps(read_fd)
+        rng = random.Random(5)
+        deadline = time.monotonic() + timeout
+        measured: list[float] = []
+        with system.latency_publisher() as publish:
+            time.sleep(LATENCY_IDLE)
+            for seq in range(LATENCY_WARMUP + samples):
+                time.sleep(gap * rng.uniform(0.5, 1.5))
+                if time.monotonic() > deadline:
+                    break
+                before = time.time()
+                publish(seq)
+                started = stamps.wait(seq, deadline)
+                if started is None:
+                    break
+                if seq >= LATENCY_WARMUP:
+                    measured.append((started - before) * 1000)
+        measured.sort()
+        done = len(measured)
+        note = ""
+        if done < samples:
+            why = "workers exited" if stamps.closed else f"time limit {timeout:.0f}s"
+            note = f" (stopped: {why})"
+        if not measured:
+            return {"p50": "no samples" + note}
+        return {
+            "p50": f"{percentile(measured, 50):.1f}",
+            "p99": f"{percentile(measured, 99):.1f}",
+            "max": f"{measured[-1]:.1f}",
+            "n": f"{done}{note}",
+        }
+    finally:
+        if workers is not None:
+            workers.stop()
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+
+
+def run_system(
+    system: System, args, results: dict, latencies: dict, global_deadline: float, logdir: Path
+) -> None:
     row = results.setdefault(system.label(), {})
     print(f"== {system.label()}", flush=True)
     try:
         system.setup()
     except Exception as exc:
+        why = str(exc) if isinstance(exc, NotApplicable) else f"setup failed: {type(exc).__name__}"
         for c in CASES:
-            row[c] = f"n/a (setup failed: {type(exc).__name__})"
+            row[c] = f"n/a ({why})"
+        if args.latency and system.latency_supported:
+            latencies[system.label()] = {"p50": f"n/a ({why})"}
         print(f"   setup failed: {exc!r}", flush=True)
+        try:
+            system.cleanup()  # whatever the setup created before it failed
+        except Exception as cleanup_exc:
+            print(f"   cleanup failed: {cleanup_exc!r}", flush=True)
         return
     try:
         for case in CASES:
-            if system.only_cases is not None and case not in system.only_cases:
-                row[case] = "n/a"
+            if case not in args.cases:
+                row[case] = "not run"
+                continue
+            if case in ("a", "b") and system.enqueue_same_as:
+                row[case] = "= cron"  # the same Queue.publish path as the row it names
                 continue
             if case == "b" and not system.bulk_supported:
                 row[case] = "n/a (no batch API)"
@@ -618,14 +893,22 @@ def run_system(system: System, args, results: dict, global_deadline: float, logd
                     system.enqueue(args.jobs, case == "b", None, started + timeout)
                     row[case] = f"{args.jobs / (time.monotonic() - started):.0f}"
                 else:
-                    system.enqueue(args.jobs, system.bulk_supported, GROUPS[case], time.monotonic() + timeout)
-                    row[case] = run_processing(system, case, args.jobs, timeout, logdir)
+                    try:
+                        system.enqueue(
+                            args.jobs, system.bulk_supported, GROUPS[case], time.monotonic() + timeout
+                        )
+                    except CaseTimeout:
+                        row[case] = "timeout (while enqueueing, untimed)"
+                    else:
+                        row[case] = run_processing(system, case, args.jobs, timeout, logdir)
             except CaseTimeout:
                 row[case] = f"timeout ({timeout:.0f}s)"
             except Exception as exc:
                 row[case] = f"error ({type(exc).__name__})"
                 print(f"   {case}: {exc!r}", flush=True)
             print(f"   {CASE_TITLES[case]}: {row[case]}  [{time.monotonic() - t0:.1f}s]", flush=True)
+        if args.latency:
+            latencies[system.label()] = latency_of(system, args, global_deadline, logdir)
     finally:
         try:
             system.cleanup()
@@ -633,31 +916,76 @@ def run_system(system: System, args, results: dict, global_deadline: float, logd
             print(f"   cleanup failed: {exc!r}", flush=True)
 
 
+def latency_of(system: System, args, global_deadline: float, logdir: Path) -> dict[str, str]:
+    if not system.latency_supported:
+        return {"p50": "n/a (cron: a job waits for the next `bgq process` start)"}
+    remaining = global_deadline - time.monotonic()
+    if remaining < 15:
+        return {"p50": "skipped (global deadline)"}
+    t0 = time.monotonic()
+    try:
+        system.reset(LATENCY)
+        cell = run_latency(
+            system, args.latency, min(args.latency_timeout, remaining - 5), args.latency_gap, logdir
+        )
+    except Exception as exc:
+        print(f"   latency: {exc!r}", flush=True)
+        cell = {"p50": f"error ({type(exc).__name__})"}
+    shown = ", ".join(f"{k} {v}" for k, v in cell.items())
+    print(f"   latency ms: {shown}  [{time.monotonic() - t0:.1f}s]", flush=True)
+    return cell
+
+
 # --- report ---------------------------------------------------------------------------------------
 
+TIMEOUT_CELL = re.compile(r"timeout \((?:\d+/\d+ in )?(\d+(?:\.\d+)?)s\)$")
 
-def number(cell: str) -> float | None:
+
+def number(cell: str | None) -> float | None:
     try:
         return float(cell)
     except (TypeError, ValueError):
         return None
 
 
-def table(results: dict) -> str:
+def peer_bound(cell: str | None, n: int) -> float | None:
+    """A peer that timed out after T s did N jobs at less than N / T jobs/s: an upper bound."""
+    match = TIMEOUT_CELL.match(cell or "")
+    return n / float(match.group(1)) if match else None
+
+
+def ratio(results: dict, case: str, n: int) -> str:
+    ours = [number(r.get(case)) for lbl, r in results.items() if lbl.startswith("bgq ")]
+    ours = [v for v in ours if v is not None]
+    peer_rows = [r.get(case) for lbl, r in results.items() if not lbl.startswith("bgq ")]
+    exact = [v for v in map(number, peer_rows) if v is not None]
+    bounds = [v for v in (peer_bound(c, n) for c in peer_rows) if v is not None]
+    if not ours or not (exact or bounds):
+        return "n/a"
+    best_exact = max(exact, default=0.0)
+    best_bound = max(bounds, default=0.0)
+    if best_bound > best_exact:  # the best peer may be one that timed out: a lower bound on the ratio
+        return f"≥ {max(ours) / best_bound:.2f}"
+    return f"{max(ours) / best_exact:.2f}"
+
+
+def table(results: dict, n: int) -> str:
     lines = [
         "| system / mode / dialect | " + " | ".join(CASE_TITLES[c] for c in CASES) + " |",
         "|---" * (len(CASES) + 1) + "|",
     ]
     for label, row in results.items():
         lines.append(f"| {label} | " + " | ".join(row.get(c, "") for c in CASES) + " |")
-    ratios = []
-    for c in CASES:
-        ours = [number(r.get(c)) for lbl, r in results.items() if lbl.startswith("bgq ")]
-        peers = [number(r.get(c)) for lbl, r in results.items() if not lbl.startswith("bgq ")]
-        ours = [v for v in ours if v is not None]
-        peers = [v for v in peers if v is not None]
-        ratios.append(f"{max(ours) / max(peers):.2f}" if ours and peers else "n/a")
+    ratios = [ratio(results, c, n) for c in CASES]
     lines.append("| **bgq best / best peer** | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
+def latency_table(latencies: dict) -> str:
+    lines = ["| system / mode / dialect | p50 ms | p99 ms | max ms | samples |", "|---|---|---|---|---|"]
+    for label, cell in latencies.items():
+        cols = [cell.get(k, "") for k in ("p50", "p99", "max", "n")]
+        lines.append(f"| {label} | " + " | ".join(cols) + " |")
     return "\n".join(lines)
 
 
@@ -714,56 +1042,124 @@ def server_versions() -> list[str]:
     return out
 
 
-def head_timing(remaining: float) -> str:
+def head_timing(sizes: str, remaining: float) -> str:
     if remaining < 30:
         return "(skipped: global deadline reached)"
+    env = dict(  # the same servers as the rest of the benchmark
+        os.environ,
+        BGQ_TEST_MYSQL_URL=MYSQL_URL,
+        BGQ_TEST_POSTGRES_URL=PG_ADMIN.replace("postgresql://", "postgresql+psycopg://", 1),
+    )
+    limit = min(remaining, 600)
     try:
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "tools" / "head_timing.py"), "--sizes", "1000,20000,100000"],
+            [sys.executable, str(ROOT / "tools" / "head_timing.py"), "--sizes", sizes],
             capture_output=True,
             text=True,
-            timeout=min(remaining, 600),
+            timeout=limit,
             cwd=ROOT,
+            env=env,
         )
         return (proc.stdout + (proc.stderr[-2000:] if proc.returncode else "")).rstrip()
     except subprocess.TimeoutExpired:
-        return f"(timeout after {min(remaining, 600):.0f}s)"
+        return f"(timeout after {limit:.0f}s)"
 
 
-def write_doc(path: Path, args, md: str, head: str, started_at: str, total: float) -> None:
+def write_doc(path: Path, args, md: str, latency_md: str, head: str, started_at: str, total: float) -> None:
     nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    options = " ".join(sys.argv[1:]) or "(defaults)"
+    gap_lo, gap_hi = 0.5 * args.latency_gap * 1000, 1.5 * args.latency_gap * 1000
     doc = f"""# Benchmarks
 
 Generated by `tools/bench/run.py` on {started_at} (`date -u`); the run took {total:.0f} s.
 
 - N = {args.jobs} no-op jobs per case; `nproc` = {nproc}; Python {sys.version.split()[0]}
+- options: `{options}`
 - packages: {", ".join(versions())}
 - servers: {", ".join(server_versions())}
 
-How to run: `make bench` (creates `.venv-bench` from `tools/bench/requirements.txt` and runs
-`.venv-bench/bin/python tools/bench/run.py`; pass options with `BENCH_ARGS="--jobs 2000"`).
+How to run: `make bench` (creates `.venv-bench` from `tools/bench/requirements.txt` plus bgq from
+this source tree, and runs `.venv-bench/bin/python tools/bench/run.py`; pass options with
+`BENCH_ARGS="--jobs 2000"`; `run.py --help` lists them). The run is bounded: {args.case_timeout:.0f} s
+per case, {args.latency_timeout:.0f} s per latency run, {args.deadline:.0f} s for all systems.
+
+## Throughput (jobs/s)
 
 Cells are jobs/s (N / wall time). Enqueue cases time the client calls in one process. Processing
-cases enqueue N jobs first (untimed), start the worker processes, wait until every worker has
-imported its code and connected, then time from "go" until the database reports N jobs done
-(celery: the workers' done-files hold N bytes). A processing cell that does not finish within the
-per-case timeout ({args.case_timeout:.0f} s) shows `timeout (done/N in …)`.
+cases enqueue N jobs first (untimed), start the worker processes (one process per worker), wait
+until every worker has imported its code and connected, then time from "go" until the database
+reports N jobs done (bgq: N rows in state FINISHED; celery: the workers' done-files hold N bytes).
+Then the workers get SIGTERM. A processing cell that does not finish within the per-case timeout
+shows `timeout (done/N in …)`.
 
+- bgq work: worker processes call `bgq.work.work(queue, sub_queue=None, priorities=None,
+  stop=stop)` inside `bgq.worker.GracefulStop` (what `bgq work` runs, one process per worker); on
+  PostgreSQL they wake on LISTEN/NOTIFY, on MariaDB they poll adaptively. The enqueue cells of a
+  work row read `= cron` when the cron row of the same dialect is in the run: publishing is the
+  same `Queue.publish` / `start_bulk()` call into the same kind of table whichever worker
+  processes the jobs, so those calls are measured once, in the cron row, and not again.
 - bgq cron: worker processes loop `queue.process()` until no unfinished job is left (several
   cron workers race for the same due ids; the loser's claim is refused by the procedure).
 - bgq broker: worker processes run `bgq.worker.consume` (what `bgq consume` runs) on RabbitMQ.
 - bgq bulk: `start_bulk()` / `end_bulk()` with `bulk_size=500`; groups: `serial_group="one"` or
-  `"g<i % 100>"`.
+  `"g<i % 100>"`. Between cases the bgq tables are emptied with TRUNCATE.
 - procrastinate: `task.defer()` / `task.batch_defer()` (500 per call), workers
   `app.run_worker(concurrency=1)`; groups: `configure(lock=...)`.
 - pgqueuer: `Queries.enqueue()` (lists of 500 for bulk), workers `PgQueuer.run()` with default
   batch size; groups: one entrypoint per group with `concurrency_limit=1` (serialised dispatch).
 - celery: `apply_async()` on one producer connection, workers `celery worker --pool=solo` (one
-  process each) on RabbitMQ, no result backend; no batch publish API and no serial groups.
+  process each) on RabbitMQ, no result backend; no batch publish API and no serial groups. Its
+  processing time includes the start of the celery worker, which begins after "go".
+
+The last row divides the best bgq row (work, cron or broker, either dialect) by the best peer row,
+per column; cells that are not numbers do not count. `≥ x` means the best peer may be one that
+timed out: a peer that had not done N jobs after T s runs at less than N / T jobs/s, so bgq's
+ratio to it is at least x.
 
 {md}
 
-## tools/head_timing.py --sizes 1000,20000,100000
+## Single-job latency (ms)
+
+One worker process per system is started and left idle ({LATENCY_IDLE:.0f} s). Then, up to
+{args.latency} times, the harness takes `time.time()` just before it publishes one job (bgq
+`Queue.publish()`, procrastinate `defer()`, pgqueuer `Queries.enqueue()`, celery `apply_async()`),
+the job's callback writes `time.time()` into a pipe as its first statement, and the harness waits
+for that line before it publishes the next job, after a random pause of {gap_lo:.0f} to {gap_hi:.0f}
+ms (so the worker is idle again, and the pauses do not fall in step with a poll interval). A
+sample is thus publish (with its commit) + wake-up + claim + callback start. The first
+{LATENCY_WARMUP} samples are warm-up and dropped; p50, p99 and max are nearest-rank over the
+remaining ones; a run stops after {args.latency_timeout:.0f} s with the samples it has.
+
+- bgq work: PostgreSQL wakes the worker by NOTIFY (a trigger on insert); MariaDB by its adaptive
+  poll, whose interval the pause between jobs influences.
+- bgq broker: `consume` on RabbitMQ; `publish()` commits the row, then sends the id.
+- bgq cron: not measured: a job waits for the next `bgq process` (cron starts it once a minute).
+- procrastinate: `run_worker(concurrency=1)` with `listen_notify` (its default; polls every 5 s
+  besides). pgqueuer: `PgQueuer.run()`, woken by its NOTIFY trigger. celery: `--pool=solo`,
+  messages pushed by RabbitMQ.
+
+{latency_md}
+
+## Head-of-group selection: `tools/head_timing.py --sizes {args.head_sizes}`
+
+For each dialect and size W, a fresh bgq table gets G = min(W, 5000) groups with one PROCESSING
+job each, then W WAITING jobs spread at random over those groups with priorities 1 to 3; the
+procedures derive the `_group` rows, then the tables are analysed. Each figure is the median of 7
+runs, in ms; every write is rolled back, so each run sees the same table:
+
+- `group_heads`: one call of the `group_heads` procedure, which returns the WAITING head of
+  every group (G rows, read from the `_group` table that the procedures keep);
+- `predecessor`: one call of `predecessor` for a WAITING job (the job ahead of it in its group),
+  mean over 10 jobs;
+- `claim(wait)`: one claim (`claim`, as `bgq process` and `bgq consume` do it) of a WAITING job
+  whose group has a job running, which the procedure must refuse ("waiting") after finding the
+  group's head and its running job, mean over 10 claims;
+- `batch(busy)`: one `claim_batch` (the claim of `bgq work`, limit 100) while every group runs a
+  job, so no head may be claimed: the time it takes to find that out;
+- `batch(idle)`: one `claim_batch` with limit 1 after the running jobs were set FINISHED in the
+  same transaction (untimed), so all G heads may be claimed: it claims the first of them in
+  (priority, id) order;
+- `fill s`: how long filling took (setup, not a result).
 
 ```
 {head}
@@ -776,13 +1172,21 @@ per-case timeout ({args.case_timeout:.0f} s) shows `timeout (done/N in …)`.
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs per case (N)")
-    parser.add_argument("--case-timeout", type=float, default=120.0, help="seconds per case")
-    parser.add_argument("--deadline", type=float, default=1200.0, help="seconds for the whole run")
     parser.add_argument(
-        "--systems",
-        default="bgq-pg-cron,bgq-pg-broker,bgq-my-cron,bgq-my-broker,procrastinate,pgqueuer,celery",
+        "--systems", default=",".join(SYSTEMS), help=f"comma-separated, in run order: {','.join(SYSTEMS)}"
     )
+    parser.add_argument("--cases", default=",".join(CASES), help='throughput cases: a-f, or "none"')
+    parser.add_argument("--case-timeout", type=float, default=120.0, help="seconds per case")
+    parser.add_argument(
+        "--latency", type=int, default=200, help="single-job latency samples per system (0: none)"
+    )
+    parser.add_argument("--latency-timeout", type=float, default=60.0, help="seconds per latency run")
+    parser.add_argument(
+        "--latency-gap", type=float, default=0.1, help="mean seconds between latency jobs (0.5x-1.5x)"
+    )
+    parser.add_argument("--head-sizes", default="1000,20000,100000", help="waiting rows for head_timing")
     parser.add_argument("--no-head-timing", action="store_true")
+    parser.add_argument("--deadline", type=float, default=2400.0, help="seconds for all systems")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--worker", nargs=4, metavar=("KIND", "SPEC", "READY", "GO"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -790,15 +1194,22 @@ def main() -> None:
         kind, spec, ready, go = args.worker
         worker_main(kind, json.loads(spec), ready, go)
         return
+    args.cases = set() if args.cases == "none" else set(args.cases.split(","))
+    keys = args.systems.split(",")
+    unknown = sorted((args.cases - set(CASES)) | (set(keys) - set(SYSTEMS)))
+    if unknown:
+        parser.error(f"unknown case or system: {', '.join(unknown)}")
 
     started_at = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
     t_start = time.monotonic()
     global_deadline = t_start + args.deadline
     factories: dict[str, Callable[[], System]] = {
-        "bgq-pg-cron": lambda: Bgq("postgres", broker=False),
-        "bgq-pg-broker": lambda: Bgq("postgres", broker=True),
-        "bgq-my-cron": lambda: Bgq("mysql", broker=False),
-        "bgq-my-broker": lambda: Bgq("mysql", broker=True),
+        "bgq-pg-work": lambda: Bgq("postgres", "work"),
+        "bgq-pg-cron": lambda: Bgq("postgres", "cron"),
+        "bgq-pg-broker": lambda: Bgq("postgres", "broker"),
+        "bgq-my-work": lambda: Bgq("mysql", "work"),
+        "bgq-my-cron": lambda: Bgq("mysql", "cron"),
+        "bgq-my-broker": lambda: Bgq("mysql", "broker"),
         "procrastinate": Procrastinate,
         "pgqueuer": PgQueuer,
         "celery": Celery,
@@ -806,16 +1217,29 @@ def main() -> None:
     logdir = Path(tempfile.mkdtemp(prefix="bench-logs-"))
     print(f"N = {args.jobs}; worker logs in {logdir}", flush=True)
     results: dict[str, dict[str, str]] = {}
-    for key in args.systems.split(","):
-        run_system(factories[key](), args, results, global_deadline, logdir)
-    md = table(results)
+    latencies: dict[str, dict[str, str]] = {}
+    for key in keys:
+        system = factories[key]()
+        cron = key.replace("-work", "-cron")
+        if key.endswith("-work") and cron in keys:
+            system.enqueue_same_as = factories[cron]().label()
+        run_system(system, args, results, latencies, global_deadline, logdir)
+    md = table(results, args.jobs)
+    latency_md = latency_table(latencies) if latencies else "(not measured: --latency 0)"
     print()
-    print(md, flush=True)
-    head = "(skipped)" if args.no_head_timing else head_timing(global_deadline - time.monotonic() + 300)
+    print(md)
+    print()
+    print(latency_md, flush=True)
+    if args.no_head_timing:
+        head = "(skipped: --no-head-timing)"
+    else:
+        head = head_timing(args.head_sizes, global_deadline - time.monotonic() + 300)
+    print()
     print(head)
     total = time.monotonic() - t_start
-    write_doc(Path(args.out), args, md, head, started_at, total)
-    print(f"\nwrote {args.out}; total {total:.0f} s ({dt.timedelta(seconds=round(total))})")
+    write_doc(Path(args.out), args, md, latency_md, head, started_at, total)
+    took = dt.timedelta(seconds=round(total))
+    print(f"\nwrote {args.out}; worker logs in {logdir}; total {total:.0f} s ({took})")
 
 
 if __name__ == "__main__":
