@@ -50,6 +50,7 @@ CLAIM_BATCH = Proc(
         ("p_min_priority", "integer"),
         ("p_max_priority", "integer"),
         ("p_group", "varchar"),
+        ("p_max_heads", "integer"),
         ("p_waiting_ms", "integer"),
         ("p_results", "text"),
         ("p_now", "timestamptz"),
@@ -256,24 +257,27 @@ class Procs:
     def claim_batch(
         self, conn: Connection, queue: str, limit: int, pid: int, min_priority: int | None,
         max_priority: int | None, group: str | None, waiting_ms: int, now: dt.datetime | None = None,
+        *, max_heads: int | None = None,
     ) -> list[Claimed]:  # fmt: skip
-        """Claim up to `limit` due jobs (ungrouped, or heads of idle groups; only `group`'s head
-        when given), in (priority, id) order."""
+        """Claim up to `limit` due jobs (ungrouped, or heads of idle groups, at most `max_heads`
+        of them; only `group`'s head when given), in (priority, id) order."""
         return self.finish_and_claim(
-            conn, [], queue, limit, pid, min_priority, max_priority, group, waiting_ms, now
-        )[1]
+            conn, [], queue, limit, pid, min_priority, max_priority, group, waiting_ms, now,
+            max_heads=max_heads,
+        )[1]  # fmt: skip
 
     def finish_and_claim(
         self, conn: Connection, results: Sequence[JobResult], queue: str, limit: int, pid: int,
         min_priority: int | None, max_priority: int | None, group: str | None, waiting_ms: int,
-        now: dt.datetime | None = None,
+        now: dt.datetime | None = None, *, max_heads: int | None = None,
     ) -> tuple[dict[int, bool], list[Claimed]]:  # fmt: skip
         """Write `results` (as finish_batch), then claim as claim_batch, in one call:
         ({job id: written}, claimed jobs)."""
         payload = json.dumps([dataclasses.asdict(r) for r in results]) if results else None
         rows = self._call(
-            conn, CLAIM_BATCH, queue, limit, pid, min_priority, max_priority, group, waiting_ms, payload, now
-        )
+            conn, CLAIM_BATCH, queue, limit, pid, min_priority, max_priority, group, max_heads, waiting_ms,
+            payload, now,
+        )  # fmt: skip
         written = {int(r["id"]): bool(r["finished"]) for r in rows if r["finished"] is not None}
         claimed = [
             Claimed(

@@ -4,7 +4,8 @@ One worker process runs one job at a time on its main thread and keeps a second 
 writer, for bookkeeping:
 
 - Claims: `{table}_claim_batch` claims up to `size` due jobs in one transaction (ungrouped jobs
-  and the heads of idle groups, in (priority, id) order). `size` adapts to how long jobs take,
+  and at most one head of an idle group, in (priority, id) order: a worker takes one group at a
+  time, so several workers work on several groups). `size` adapts to how long jobs take,
   so that one claim holds about BATCH_BUDGET seconds of work (1 for slow jobs, up to
   `batch_max` for fast ones).
 - Results of ungrouped jobs go to the writer, which writes whatever has accumulated with one
@@ -47,6 +48,7 @@ BATCH_BUDGET = 0.05  # seconds of work one claim should hold
 HOLD_SECONDS = 1.0  # a claimed job not started within this is given back
 POLL_SECONDS = 1.0  # longest idle wait between two claims (`bgq work --poll`)
 POLL_MIN = 0.005  # first idle wait on MySQL after work was found
+STOP_CHECK = 0.5  # an idle worker looks at its stop flag at least this often
 
 
 @dataclass
@@ -145,16 +147,23 @@ class _Worker:
         return 0
 
     def _idle(self, listener: Listener | None, idle: float) -> Listener | None:
-        """Wait for work: on LISTEN (PostgreSQL) up to `poll` seconds, else `idle` seconds."""
-        if listener is None:
-            time.sleep(idle)
-            return None
+        """Wait for work: on LISTEN (PostgreSQL) up to `poll` seconds, else `idle` seconds; in
+        slices of at most STOP_CHECK seconds, so SIGTERM ends an idle worker promptly."""
+        deadline = time.monotonic() + (idle if listener is None else self.poll)
         try:
-            listener.wait(self.poll)
+            while not self.stop.requested:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                if listener is None:
+                    time.sleep(min(left, STOP_CHECK))
+                elif listener.wait(min(left, STOP_CHECK)):
+                    break
             return listener
         except Exception as exc:  # the LISTEN connection broke: poll until a new one opens
             self.queue.log.warning(f"bgq: The LISTEN connection failed; reconnecting. ({exc})")
-            listener.close()
+            if listener is not None:
+                listener.close()
             time.sleep(self.poll)
             try:
                 return self.queue.procs.listener()
@@ -180,10 +189,13 @@ class _Worker:
         return len(jobs)
 
     def _claim_in(self, conn, group: str | None, size: int) -> list[Claimed]:  # type: ignore[no-untyped-def]
+        """One group head at most per claim: a worker takes one group at a time (and keeps it by
+        the hand-off), leaving the other groups' heads to the other workers."""
         cfg = self.queue.config
         return self.queue.procs.claim_batch(
-            conn, self.base, size, self.pid, self.low, self.high, group, cfg.waiting_job_expiration
-        )
+            conn, self.base, size, self.pid, self.low, self.high, group, cfg.waiting_job_expiration,
+            max_heads=1,
+        )  # fmt: skip
 
     def _hold(self, jobs: list[Claimed], claimed_at: float, front: bool) -> None:
         with self.lock:

@@ -526,13 +526,14 @@ def test_cli_sigterm_exits_0_after_the_running_job_is_written(make_queue, instal
     assert not [e for e in runner.events() if e["token"].startswith("later")], "no job started after SIGTERM"
 
 
-def test_cli_sigterm_stops_an_idle_worker_within_its_poll(installed, cli):
-    """Idle with the default --poll (1 s): SIGTERM is seen at the next wake-up at the latest."""
+@pytest.mark.parametrize("poll", ["1", "30"])
+def test_cli_sigterm_stops_an_idle_worker_promptly(installed, cli, poll):
+    """Idle, even with a long --poll: an idle worker looks at its stop flag every 0.5 s."""
     runner = cli()
-    proc = runner.start("work")
+    proc = runner.start("work", "--poll", poll)
     runner.wait_ready(1)
     time.sleep(1.5)
-    code, took = runner.terminate(proc, timeout=10)
+    code, took = runner.terminate(proc, timeout=40)
     assert code == 0, runner.output(proc)
     assert took < 3.0, f"an idle worker took {took:.1f} s to stop"
 

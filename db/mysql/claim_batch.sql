@@ -2,13 +2,16 @@
 --
 -- Contract
 --   CALL {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority, p_max_priority,
---                                p_group, p_waiting_ms, p_results, p_now)
+--                                p_group, p_max_heads, p_waiting_ms, p_results, p_now)
 --   p_queue         the base queue: jobs in it or in a sub-queue '<p_queue>_<sub>'.
 --   p_limit         at most this many jobs are claimed (>= 1).
 --   p_pid           the worker's process id (stored for people).
 --   p_min_priority, p_max_priority: only jobs with a priority in this range (NULL: no bound).
 --   p_group         NULL: ungrouped jobs and the heads of idle groups; a group name: only that
 --                   group's head (the worker that just finished the group's job hands it on).
+--   p_max_heads     at most this many of the claimed jobs are group heads (NULL: p_limit). A
+--                   worker that takes one group at a time leaves the other groups' heads to
+--                   the other workers.
 --   p_waiting_ms    passed to {{ table }}_claim_job (a head that lost a race turns WAITING).
 --   p_results       NULL, or results to write first, in the same transaction: the JSON of
 --                   {{ table }}_finish_batch, written by {{ table }}_finish_results (its errors
@@ -28,9 +31,9 @@
 --   group is PROCESSING. A group whose head is not due, or is in another queue or priority
 --   range, is skipped as a whole: order inside a group never bends.
 -- Steps: candidates are up to p_limit ungrouped jobs (taken FOR UPDATE SKIP LOCKED) and up to
---   2 * p_limit + 2 group heads (each group's best priority from one pass over
---   {{ table }}_pending_head, then its first id there), tried in (priority, id) order until
---   p_limit are claimed. An ungrouped job that is not UNIQUE is
+--   2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller; each group's best priority
+--   from one pass over {{ table }}_pending_head, then its first id there), tried in
+--   (priority, id) order until p_limit are claimed. An ungrouped job that is not UNIQUE is
 --   claimed by an UPDATE of the same columns {{ table }}_claim_job writes (PROCESSING,
 --   attempts + 1, last_attempt_at, pid; postponed_by, error_message and metadata cleared). A
 --   group head or a UNIQUE job goes through {{ table }}_claim_job, which re-checks it under the
@@ -54,6 +57,7 @@ CREATE PROCEDURE {{ table }}_claim_batch(
     IN p_min_priority INT,
     IN p_max_priority INT,
     IN p_group VARCHAR(255),
+    IN p_max_heads INT,
     IN p_waiting_ms INT,
     IN p_results LONGTEXT,
     IN p_now DATETIME(6)
@@ -66,7 +70,9 @@ BEGIN
     DECLARE v_candidates LONGTEXT DEFAULT NULL;
     DECLARE v_claimed LONGTEXT DEFAULT '[]';
     DECLARE v_count INT DEFAULT 0;
-    DECLARE v_heads INT DEFAULT 2 * p_limit + 2;
+    DECLARE v_head_limit INT DEFAULT LEAST(p_limit, COALESCE(p_max_heads, p_limit));
+    DECLARE v_head_candidates INT DEFAULT 2 * LEAST(p_limit, COALESCE(p_max_heads, p_limit)) + 2;
+    DECLARE v_heads INT DEFAULT 0;
     DECLARE v_locked INT DEFAULT 0;
     DECLARE v_exists INT DEFAULT 0;
     DECLARE v_written LONGTEXT DEFAULT '[]';
@@ -224,7 +230,7 @@ BEGIN
                         WHERE r.running_group = j.serial_group
                     )
                 ORDER BY j.priority, j.id
-                LIMIT v_heads
+                LIMIT v_head_candidates
             ) AS hh
         ) AS c;
     END IF;
@@ -234,6 +240,9 @@ BEGIN
         FETCH one_by_one INTO v_id, v_group, v_mode;
         IF v_done = 1 OR v_count >= p_limit THEN
             LEAVE fetch_loop;
+        END IF;
+        IF v_group IS NOT NULL AND v_heads >= v_head_limit THEN
+            ITERATE fetch_loop;
         END IF;
         IF v_group IS NOT NULL THEN
             -- The group row without waiting: one another transaction holds (a claim or a finish
@@ -272,6 +281,7 @@ BEGIN
         END IF;
         IF v_outcome = 'claimed' THEN
             SET v_claimed = JSON_ARRAY_APPEND(v_claimed, '$', v_id), v_count = v_count + 1;
+            SET v_heads = v_heads + IF(v_group IS NULL, 0, 1);
         END IF;
     END LOOP;
     CLOSE one_by_one;

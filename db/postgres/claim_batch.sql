@@ -2,13 +2,17 @@
 --
 -- Contract
 --   SELECT * FROM {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority,
---                                         p_max_priority, p_group, p_waiting_ms, p_results, p_now)
+--                                         p_max_priority, p_group, p_max_heads, p_waiting_ms,
+--                                         p_results, p_now)
 --   p_queue         the base queue: jobs in it or in a sub-queue '<p_queue>_<sub>'.
 --   p_limit         at most this many jobs are claimed (>= 1).
 --   p_pid           the worker's process id (stored for people).
 --   p_min_priority, p_max_priority: only jobs with a priority in this range (NULL: no bound).
 --   p_group         NULL: ungrouped jobs and the heads of idle groups; a group name: only that
 --                   group's head (the worker that just finished the group's job hands it on).
+--   p_max_heads     at most this many of the claimed jobs are group heads (NULL: p_limit). A
+--                   worker that takes one group at a time leaves the other groups' heads to
+--                   the other workers.
 --   p_waiting_ms    passed to {{ table }}_claim_job (a head that lost a race turns WAITING).
 --   p_results       NULL, or results to write first, in the same transaction: the JSON of
 --                   {{ table }}_finish_batch, written by {{ table }}_finish_results (its errors
@@ -28,12 +32,13 @@
 --   group is PROCESSING. A group whose head is not due, or is in another queue or priority
 --   range, is skipped as a whole: order inside a group never bends.
 -- Steps: candidates are up to p_limit ungrouped jobs (taken FOR UPDATE SKIP LOCKED) and up to
---   2 * p_limit + 2 group heads (one index dive per group on {{ table }}_pending_head), tried in
---   (priority, id) order until p_limit are claimed. An ungrouped job that is not UNIQUE is
---   claimed by an UPDATE of the same columns {{ table }}_claim_job writes (PROCESSING,
---   attempts + 1, last_attempt_at, pid; postponed_by, error_message and metadata cleared). A
---   group head or a UNIQUE job goes through {{ table }}_claim_job, which re-checks it under the
---   group lock (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs are returned.
+--   2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller; one index dive per group on
+--   {{ table }}_pending_head), tried in (priority, id) order until p_limit are claimed. An
+--   ungrouped job that is not UNIQUE is claimed by an UPDATE of the same columns
+--   {{ table }}_claim_job writes (PROCESSING, attempts + 1, last_attempt_at, pid; postponed_by,
+--   error_message and metadata cleared). A group head or a UNIQUE job goes through
+--   {{ table }}_claim_job, which re-checks it under the group lock (predecessor, UNIQUE
+--   duplicate, coalescing); only 'claimed' jobs are returned.
 -- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
 --   UPDATE SKIP LOCKED too: a head whose group row another transaction holds (a claim or a
 --   finish in progress) is left out and the next candidate is tried, so batch claims neither
@@ -51,6 +56,7 @@ CREATE OR REPLACE FUNCTION {{ table }}_claim_batch(
     p_min_priority INTEGER,
     p_max_priority INTEGER,
     p_group VARCHAR,
+    p_max_heads INTEGER,
     p_waiting_ms INTEGER,
     p_results TEXT,
     p_now TIMESTAMPTZ DEFAULT NULL
@@ -81,6 +87,8 @@ DECLARE
     v_groups VARCHAR[];
     v_modes VARCHAR[];
     v_claimed BIGINT[] := '{}';
+    v_heads INTEGER := 0;
+    v_head_limit INTEGER := LEAST(p_limit, COALESCE(p_max_heads, p_limit));
     v_written BIGINT[];
     c RECORD;
 BEGIN
@@ -132,9 +140,9 @@ BEGIN
                 SELECT 1 FROM {{ table }} AS x WHERE x.serial_group = p_group AND x.state = 2
             );
     ELSE
-        -- Up to p_limit ungrouped jobs (locked, skipping locked ones) and up to 2 * p_limit + 2
-        -- group heads (a head whose group another claim holds is skipped below, and the next
-        -- one is tried), in (priority, id) order.
+        -- Up to p_limit ungrouped jobs (locked, skipping locked ones) and up to 2 * n + 2 group
+        -- heads (n: p_limit, or p_max_heads if smaller; a head whose group another claim holds
+        -- is skipped below, and the next one is tried), in (priority, id) order.
         SELECT
             ARRAY_AGG(c.id ORDER BY c.priority, c.id),
             ARRAY_AGG(c.serial_group ORDER BY c.priority, c.id),
@@ -207,7 +215,7 @@ BEGIN
                     WHERE x.serial_group = h.serial_group AND x.state = 2
                 )
             ORDER BY h.priority, h.id
-            LIMIT p_limit * 2 + 2) AS hh
+            LIMIT v_head_limit * 2 + 2) AS hh
         ) AS c;
     END IF;
 
@@ -234,6 +242,7 @@ BEGIN
             CONTINUE;
         END IF;
         IF v_groups[i] IS NOT NULL THEN
+            CONTINUE WHEN v_heads >= v_head_limit;
             PERFORM 1 FROM {{ table }}_group AS g
             WHERE g.serial_group = v_groups[i]
             FOR UPDATE SKIP LOCKED;
@@ -247,6 +256,7 @@ BEGIN
         FROM {{ table }}_claim_job(v_ids[i], p_queue, p_pid, p_waiting_ms, NULL, v_now);
         IF c.o_outcome = 'claimed' THEN
             v_claimed := v_claimed || v_ids[i];
+            v_heads := v_heads + (CASE WHEN v_groups[i] IS NULL THEN 0 ELSE 1 END);
         END IF;
     END LOOP;
 

@@ -271,13 +271,14 @@ def claim_batch(
     waiting_ms: int = WAITING_MS,
     now: dt.datetime = T0,
     conn: Connection | None = None,
+    max_heads: int | None = None,
 ) -> list[Any]:
     """One claim_batch (a list of bgq.procs.Claimed) in a transaction of its own (or on `conn`)."""
     args = (queue, limit, pid, min_priority, max_priority, group, waiting_ms, now)
     if conn is not None:
-        return procs(installed).claim_batch(conn, *args)
+        return procs(installed).claim_batch(conn, *args, max_heads=max_heads)
     with installed.db.transaction() as own:
-        return procs(installed).claim_batch(own, *args)
+        return procs(installed).claim_batch(own, *args, max_heads=max_heads)
 
 
 def finish_batch(

@@ -489,6 +489,14 @@ def test_a_head_whose_group_row_another_transaction_holds_is_skipped_at_once(ins
     assert setting_after == setting_before
 
 
+def test_max_heads_caps_the_group_heads_of_one_claim_but_not_the_ungrouped_jobs(installed):
+    heads = [new_job(installed, group=f"g{i}") for i in range(3)]
+    loose = [new_job(installed) for _ in range(2)]
+    assert ids(claim_batch(installed, 10, max_heads=1)) == [heads[0], *loose]
+    assert ids(claim_batch(installed, 10, max_heads=1)) == [heads[1]]
+    assert ids(claim_batch(installed, 10)) == [heads[2]]
+
+
 def test_a_claim_that_loses_a_group_to_another_claim_takes_the_next_head(installed):
     """A batch of 1 whose best head belongs to a group another claim holds gets the next head."""
     first = new_job(installed, group="g0")
