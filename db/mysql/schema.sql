@@ -63,14 +63,13 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     CONSTRAINT {{ table }}_mode_check CHECK (mode IN ('normal', 'unique', 'recurring'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
 
--- Upgrade of a version 1 table (before `bgq work`): the column and index above. A no-op on a
--- new table. MariaDB syntax; MySQL 8 has no IF NOT EXISTS here: run the ALTER once by hand,
--- without both IF NOT EXISTS, when upgrading a version 1 table.
-ALTER TABLE {{ table }}
-ADD COLUMN IF NOT EXISTS ungrouped_priority INT  -- noqa: PRS, LT02
-GENERATED ALWAYS AS (CASE WHEN serial_group IS NULL AND state IN (1, 4, 6, 8) THEN priority END)  -- noqa
-STORED,  -- noqa: PRS, LT02
-ADD INDEX IF NOT EXISTS {{ table }}_ungrouped (ungrouped_priority, id);
+-- Upgrading a version 1 table (before `bgq work`) needs the column and index above, once, by
+-- hand, before `bgq install-procs` (this file keeps to what MySQL 8 and MariaDB both accept, and
+-- MySQL 8 has no ADD COLUMN IF NOT EXISTS):
+--   ALTER TABLE <table>
+--   ADD COLUMN ungrouped_priority INT GENERATED ALWAYS AS
+--       (CASE WHEN serial_group IS NULL AND state IN (1, 4, 6, 8) THEN priority END) STORED,
+--   ADD INDEX <table>_ungrouped (ungrouped_priority, id);
 
 CREATE TABLE IF NOT EXISTS {{ table }}_group (
     serial_group VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
