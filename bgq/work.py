@@ -84,20 +84,22 @@ def work(
         raise ConfigError("bgq work runs on the database alone; this queue has a broker: use `bgq consume`.")
     if batch_max < 1 or poll <= 0:
         raise ConfigError("bgq work: --batch must be at least 1 and --poll greater than 0.")
-    worker = _Worker(queue, queue.config.queue_name(sub_queue), priorities, stop or GracefulStop())
-    worker.batch_max, worker.poll = batch_max, poll
-    return worker.run()
+    base = queue.config.queue_name(sub_queue)
+    return _Worker(queue, base, priorities, stop or GracefulStop(), batch_max, poll).run()
 
 
 class _Worker:
-    def __init__(self, queue: Queue, base: str, priorities: Sequence[int] | None, stop: GracefulStop) -> None:
+    def __init__(
+        self, queue: Queue, base: str, priorities: Sequence[int] | None, stop: GracefulStop,
+        batch_max: int, poll: float,
+    ) -> None:  # fmt: skip
         self.queue = queue
         self.base = base
         self.low = min(priorities) if priorities else None
         self.high = max(priorities) if priorities else None
         self.stop = stop
-        self.batch_max = BATCH_MAX
-        self.poll = POLL_SECONDS
+        self.batch_max = batch_max
+        self.poll = poll
         timeout = queue.config.stalled_job_timeout
         self.hold = min(HOLD_SECONDS, timeout / 2) if timeout else HOLD_SECONDS
         self.pid = os.getpid()

@@ -14,17 +14,19 @@ _ledger: dict[str, Any] = {}
 
 
 def create_ledger(url: str, ledger: str) -> None:
+    """The ledger table: one row per start/end event, `seq` in commit order (`at`: time.time(),
+    written by tests/work_app.py's callbacks)."""
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql(
                 f"CREATE TABLE {ledger} (seq BIGSERIAL PRIMARY KEY, token VARCHAR(64), grp VARCHAR(64), "
-                "event VARCHAR(8), pid INT)"
+                "event VARCHAR(8), pid INT, at DOUBLE PRECISION)"
             )
         else:
             conn.exec_driver_sql(
                 f"CREATE TABLE {ledger} (seq BIGINT AUTO_INCREMENT PRIMARY KEY, token VARCHAR(64), "
-                "grp VARCHAR(64), event VARCHAR(8), pid INT) ENGINE=InnoDB"
+                "grp VARCHAR(64), event VARCHAR(8), pid INT, at DOUBLE) ENGINE=InnoDB"
             )
     engine.dispose()
 

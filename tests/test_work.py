@@ -28,7 +28,7 @@ from bgq import (
 )
 from bgq.errors import ConfigError
 from bgq.work import work
-from tests import work_app
+from tests import ledger_worker, work_app
 from tests.conftest import unique_name
 from tests.work_app import Cli, wait_until
 
@@ -100,7 +100,7 @@ def cli(installed, tmp_path, monkeypatch):
     """`bgq work` subprocesses on the installed table, with a ledger; factory cli(stalled=None)."""
     made: list[Cli] = []
     ledger = unique_name("wledger")
-    work_app.create_ledger(installed.url, ledger)
+    ledger_worker.create_ledger(installed.url, ledger)
     monkeypatch.setenv("BGQ_TEST_WORK_URL", installed.url)
     monkeypatch.setenv("BGQ_TEST_WORK_LEDGER", ledger)
 
@@ -112,7 +112,7 @@ def cli(installed, tmp_path, monkeypatch):
     for runner in made:
         runner.close()
     work_app.dispose()
-    work_app.drop_ledger(installed.url, ledger)
+    ledger_worker.drop_ledger(installed.url, ledger)
 
 
 def _rows(installed) -> dict[int, dict[str, Any]]:

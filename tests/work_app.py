@@ -31,29 +31,6 @@ from bgq import Queue
 _engines: dict[tuple[int, str], sa.Engine] = {}
 
 
-def create_ledger(url: str, ledger: str) -> None:
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            conn.exec_driver_sql(
-                f"CREATE TABLE {ledger} (seq BIGSERIAL PRIMARY KEY, token VARCHAR(64), grp VARCHAR(64), "
-                "event VARCHAR(8), pid INT, at DOUBLE PRECISION)"
-            )
-        else:
-            conn.exec_driver_sql(
-                f"CREATE TABLE {ledger} (seq BIGINT AUTO_INCREMENT PRIMARY KEY, token VARCHAR(64), "
-                "grp VARCHAR(64), event VARCHAR(8), pid INT, at DOUBLE) ENGINE=InnoDB"
-            )
-    engine.dispose()
-
-
-def drop_ledger(url: str, ledger: str) -> None:
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {ledger}")
-    engine.dispose()
-
-
 def read_ledger(url: str, ledger: str) -> list[dict[str, Any]]:
     """Every event in seq order: {seq, token, grp, event, pid, at}."""
     engine = sa.create_engine(url)
