@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -38,27 +39,46 @@ class ProcessReport:
 class Processing:
     """Queue's processing side; Queue provides config, log, database, procs and the _send* methods."""
 
-    def process(self) -> ProcessReport:
-        """`bgq process` (cron): reap stalled jobs, run due jobs inline; in broker mode also
-        send BACK_TO_BROKER jobs, promote stuck groups' heads and re-send lost messages."""
+    def process(self, max_runtime: float | None = None) -> ProcessReport:
+        """`bgq process` (cron): reap stalled jobs, then run due jobs inline, one at a time.
+
+        Without a broker a run is `bgq work`'s loop that ends when it finds nothing to claim: it
+        claims with `{table}_claim_batch` (ungrouped due jobs and the heads of idle groups, in
+        (priority, id) order, then a group's next head by hand-off), so however many jobs wait
+        below a group's head, the run only ever claims jobs that may run now, and PROCESS_LIMIT
+        counts the jobs claimed. In broker mode
+        it sends BACK_TO_BROKER jobs, runs BROKER_FAILED ones, promotes stuck groups' heads and
+        re-sends lost messages. `max_runtime` (seconds): no job is claimed after that.
+        """
         report = ProcessReport()
+        deadline = None if not max_runtime else time.monotonic() + max_runtime
+        self._reap_stalled(report)
+        if self.config.producer is None:
+            self._process_claims(report, deadline)
+        else:
+            self._process_broker_pass(report, deadline)
+        return report
+
+    def _process_claims(self, report: ProcessReport, deadline: float | None) -> None:
+        """Without a broker: `bgq work`'s loop (batch claims, group hand-offs, batched results)
+        until claims find nothing, PROCESS_LIMIT jobs were claimed or `deadline` passed."""
+        from .work import run_until_idle  # work.py builds on Queue, of which this is a part
+
+        ran, failed = run_until_idle(self, PROCESS_LIMIT, deadline)  # type: ignore[arg-type]
+        if ran:
+            report.outcomes["claimed"] = ran
+        if failed:
+            report.count("error")
+
+    def _process_broker_pass(self, report: ProcessReport, deadline: float | None) -> None:
         procs, cfg = self.procs, self.config
-        broker = cfg.producer is not None
-        if cfg.stalled_job_timeout:
-            with self.database.transaction() as conn:
-                reaped = procs.reap(conn, cfg.queue, cfg.stalled_job_timeout, PROCESS_LIMIT)
-            for job in reaped:
-                self.log.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
-                self._send_job(job.id)
-            report.reaped = len(reaped)
-        if broker:
-            with self.database.transaction() as conn:
-                released = procs.back_to_broker(conn, cfg.queue, PROCESS_LIMIT)
-            self._send([(j.id, j.queue, j.priority, None) for j in released])
         with self.database.transaction() as conn:
-            due = procs.due_jobs(conn, cfg.queue, broker, PROCESS_LIMIT)
+            released = procs.back_to_broker(conn, cfg.queue, PROCESS_LIMIT)
+        self._send([(j.id, j.queue, j.priority, None) for j in released])
+        with self.database.transaction() as conn:
+            due = procs.due_jobs(conn, cfg.queue, True, PROCESS_LIMIT)
         for job in due:
-            if self.should_die:
+            if self.should_die or (deadline is not None and time.monotonic() >= deadline):
                 break
             if job.state == JobState.BACK_TO_BROKER:
                 continue  # published by back_to_broker above
@@ -67,19 +87,28 @@ class Processing:
             except BgqError as exc:
                 self.log.critical(f"bgq: Unexpected error occurred. (ID: {job.id})", exc_info=exc)
                 report.count("error")
-        if broker:
+        with self.database.transaction() as conn:
+            promoted = procs.promote_waiting(conn)
+        self._send([(j.id, j.queue, j.priority, None) for j in promoted])
+        report.promoted = len(promoted)
+        if cfg.lost_message_timeout:
             with self.database.transaction() as conn:
-                promoted = procs.promote_waiting(conn)
-            self._send([(j.id, j.queue, j.priority, None) for j in promoted])
-            report.promoted = len(promoted)
-            if cfg.lost_message_timeout:
-                with self.database.transaction() as conn:
-                    lost = procs.lost_messages(conn, cfg.queue, cfg.lost_message_timeout, PROCESS_LIMIT)
-                for job in lost:
-                    self.log.warning(f"bgq: Lost broker message republished (ID: {job.id}).")
-                self._send([(j.id, j.queue, j.priority, None) for j in lost])
-                report.republished = len(lost)
-        return report
+                lost = procs.lost_messages(conn, cfg.queue, cfg.lost_message_timeout, PROCESS_LIMIT)
+            for job in lost:
+                self.log.warning(f"bgq: Lost broker message republished (ID: {job.id}).")
+            self._send([(j.id, j.queue, j.priority, None) for j in lost])
+            report.republished = len(lost)
+
+    def _reap_stalled(self, report: ProcessReport) -> None:
+        cfg = self.config
+        if not cfg.stalled_job_timeout:
+            return
+        with self.database.transaction() as conn:
+            reaped = self.procs.reap(conn, cfg.queue, cfg.stalled_job_timeout, PROCESS_LIMIT)
+        for job in reaped:
+            self.log.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
+            self._send_job(job.id)
+        report.reaped += len(reaped)
 
     def process_job(self, job_id: int, on_claimed: Callable[[], None] | None = None) -> str:
         """Claim one job, run its callback and write its result. Returns the claim's outcome.
@@ -100,17 +129,27 @@ class Processing:
         if claim.outcome == "locked" and claim.queue is not None and claim.priority is not None:
             self._send([(job_id, claim.queue, claim.priority, None)])  # another worker holds the group
         if claim.outcome == "unexpected":
-            self.log.critical(f'bgq: Unexpected state "{claim.state}". (ID: {job_id})')
+            self._log_unexpected(job_id, claim.state)
         if claim.outcome != "claimed":
             return claim.outcome
-        assert claim.attempt is not None
-        self._heartbeat.start(job_id, claim.attempt)
+        self._execute(job_id, claim)
+        return claim.outcome
+
+    def _execute(self, job_id: int, claim: ClaimResult, claimed_at: float | None = None) -> None:
+        """Run a claimed job's callback with heartbeats, then write its result."""
+        self._heartbeat.start(job_id, claim.attempt or 0, claimed_at=claimed_at)
         try:
             outcome = self._run(job_id, claim)
         finally:
             self._heartbeat.stop()  # cleared before the result is written (SPEC B §1.5)
         self._finish(job_id, claim, outcome)
-        return claim.outcome
+
+    def _log_unexpected(self, job_id: int, state: int | None) -> None:
+        """A job that is not claimable, left alone and counted as "unexpected". PROCESSING is a
+        race another worker won (a redelivered message, overlapping runs): normal, so INFO; any
+        other state (PERMANENTLY_FAILED) at WARNING. Neither needs a person, so never CRITICAL."""
+        level = logging.INFO if state == JobState.PROCESSING else logging.WARNING
+        self.log.log(level, f'bgq: Unexpected state "{state}". (ID: {job_id})')
 
     def heartbeat(self) -> None:
         """Tell the reaper that the running job is alive: its updated_at moves to now.

@@ -49,6 +49,9 @@ HOLD_SECONDS = 1.0  # a claimed job not started within this is given back
 POLL_SECONDS = 1.0  # longest idle wait between two claims (`bgq work --poll`)
 POLL_MIN = 0.005  # first idle wait on MySQL after work was found
 STOP_CHECK = 0.5  # an idle worker looks at its stop flag at least this often
+CHAIN_MAX = 50  # hand-offs in one group before a full claim lets better-priority work in
+CHAIN_SECONDS = 1.0  # ... or this many seconds of hand-offs, whichever comes first
+EMPTY_CLAIMS = 2  # cron mode: claims in a row that found nothing before the run ends
 
 
 @dataclass
@@ -85,7 +88,18 @@ def work(
     if batch_max < 1 or poll <= 0:
         raise ConfigError("bgq work: --batch must be at least 1 and --poll greater than 0.")
     base = queue.config.queue_name(sub_queue)
-    return _Worker(queue, base, priorities, stop or GracefulStop(), batch_max, poll).run()
+    _Worker(queue, base, priorities, stop or GracefulStop(), batch_max, poll).run()
+    return 0
+
+
+def run_until_idle(queue: Queue, limit: int, deadline: float | None = None) -> tuple[int, bool]:
+    """Cron mode's pass (`bgq process` without a broker): the worker's loop, claiming at most
+    `limit` jobs and none after `deadline` (time.monotonic()), ending when claims find nothing.
+    Returns (jobs run, whether a claim failed on a database error)."""
+    worker = _Worker(queue, queue.config.queue, None, GracefulStop(), BATCH_MAX, POLL_SECONDS)
+    worker.limit, worker.deadline = limit, deadline
+    ran = worker.run()
+    return ran, worker.failed
 
 
 class _Worker:
@@ -109,31 +123,53 @@ class _Worker:
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
         self.closing = False
+        self.limit: int | None = None  # cron mode: claim at most this many jobs, stop when idle
+        self.deadline: float | None = None  # cron mode: claim nothing after this time.monotonic()
+        self.claimed = 0  # jobs claimed so far (the limit counts these)
+        self.ran = 0  # jobs whose callback ran
+        self.failed = False  # cron mode: the run ended on a database error
+        self.chain: tuple[str | None, int, float] = (None, 0, 0.0)  # group, hand-offs in a row, since
 
     # --- main thread ---
 
     def run(self) -> int:
+        """Work until stopped; the number of jobs run."""
         with self.queue.database.pinned():
-            return self._loop()
+            self._loop()
+        return self.ran
 
-    def _loop(self) -> int:
-        listener = self.queue.procs.listener()
+    def _loop(self) -> None:
+        listener = None if self.limit is not None else self.queue.procs.listener()
         writer = threading.Thread(target=self._writer, name="bgq-work-writer", daemon=True)
         writer.start()
         idle = POLL_MIN
+        empty = 0
         try:
             while not self.stop.requested and not self.queue.should_die:
                 held = self._next()
                 if held is not None:
                     self._run(held)
                     continue
+                if self._spent():
+                    break
                 try:
                     if self._claim(None, self._size()):
-                        idle = POLL_MIN
+                        idle, empty = POLL_MIN, 0
                         continue
                 except BgqError as exc:  # the database is down: log it, wait, try again
                     self.queue.log.critical(f"bgq: Claiming jobs failed. ({exc})")
+                    if self.limit is not None:  # cron mode: this run ends; the next one retries
+                        self.failed = True
+                        break
                     time.sleep(self.poll)
+                    continue
+                if self.limit is not None:
+                    # A claim finds nothing while work remains when every candidate was taken
+                    # by another worker first: stop after a few in a row.
+                    empty += 1
+                    if empty >= EMPTY_CLAIMS:
+                        break
+                    time.sleep(POLL_MIN * 2)
                     continue
                 listener = self._idle(listener, idle)
                 idle = min(idle * 2, self.poll)
@@ -146,7 +182,15 @@ class _Worker:
             writer.join()
             if listener is not None:
                 listener.close()
-        return 0
+
+    def _remaining(self) -> int | None:
+        """How many more jobs this worker may claim (None: no bound); 0 past the deadline."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return 0
+        return None if self.limit is None else max(0, self.limit - self.claimed)
+
+    def _spent(self) -> bool:
+        return self._remaining() == 0
 
     def _idle(self, listener: Listener | None, idle: float) -> Listener | None:
         """Wait for work: on LISTEN (PostgreSQL) up to `poll` seconds, else `idle` seconds; in
@@ -173,7 +217,9 @@ class _Worker:
                 return None
 
     def _size(self) -> int:
-        return max(1, min(self.batch_max, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))
+        size = max(1, min(self.batch_max, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))
+        remaining = self._remaining()
+        return size if remaining is None else max(1, min(size, remaining))
 
     def _next(self) -> _Held | None:
         """The next claimed job to run; one that waited longer than `hold` is given back instead."""
@@ -200,6 +246,7 @@ class _Worker:
         )  # fmt: skip
 
     def _hold(self, jobs: list[Claimed], claimed_at: float, front: bool) -> None:
+        self.claimed += len(jobs)
         with self.lock:
             if front:
                 self.held.extendleft(_Held(job, claimed_at) for job in reversed(jobs))
@@ -211,6 +258,7 @@ class _Worker:
         if queue.config.on_processing_get_metadata is not None:
             queue._store_metadata(job.id, job.claim.attempt or 0)
         started = time.monotonic()
+        self.ran += 1
         queue._heartbeat.start(job.id, job.claim.attempt or 0, claimed_at=held.claimed_at)
         try:
             outcome = queue._run(job.id, job.claim)
@@ -227,6 +275,10 @@ class _Worker:
                 then=(lambda conn: self._claim_in(conn, group, 1)) if group is not None else None,
             )
             self._hold(successor or [], claimed_at, front=True)
+        elif group is not None and self._spent():
+            with self.lock:  # nothing more to claim: the writer writes it
+                self.done.append(_Done(job, outcome))
+                self.wake.notify()
         elif group is not None:
             self._hand_off(job, outcome, group)
         else:
@@ -238,20 +290,29 @@ class _Worker:
 
     def _hand_off(self, job: Claimed, outcome: runner.Outcome, group: str) -> None:
         """Write a grouped job's result and claim its group's next head for this worker, in one
-        call and one transaction; the head runs next."""
+        call and one transaction; the head runs next. After CHAIN_MAX hand-offs (or CHAIN_SECONDS)
+        in one group, the same call makes a full claim instead, so ungrouped jobs and other groups'
+        heads of a better priority are not held up by one long group."""
         queue, cfg = self.queue, self.queue.config
         claimed_at = time.monotonic()
+        chained, count, since = self.chain
+        if chained != group:
+            count, since = 0, claimed_at
+        rotate = count >= CHAIN_MAX or claimed_at - since >= CHAIN_SECONDS
+        self.chain = (group, 0, claimed_at) if rotate else (group, count + 1, since)
+        claim_group, size = (None, self._size()) if rotate else (group, 1)
         done = queue._persist(
             lambda conn: queue.procs.finish_and_claim(
                 conn,
                 [_result(_Done(job, outcome))],
                 self.base,
-                1,
+                size,
                 self.pid,
                 self.low,
                 self.high,
-                group,
+                claim_group,
                 cfg.waiting_job_expiration,
+                max_heads=1,
             ),  # fmt: skip
             f"bgq: Writing the result failed; retrying. (ID: {job.id})",
         )

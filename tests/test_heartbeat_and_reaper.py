@@ -340,7 +340,7 @@ def test_explicit_heartbeats_keep_a_long_job_from_the_reaper(make_queue, install
     finally:
         reaper.join()
     assert len(runs) == 2, "the callback ran exactly once"
-    assert reaper.reaped == 0 and len(reaper.reports) >= 8  # the reaper ran all along, and found nothing
+    assert reaper.reaped == 0 and len(reaper.reports) >= 5  # the reaper ran all along, and found nothing
     during = runs[1]
     assert during["state"] == JobState.PROCESSING
     assert during["updated_at"] > during["last_attempt_at"] + dt.timedelta(seconds=4)  # beats moved it
@@ -371,7 +371,7 @@ def test_app_queries_through_the_hook_keep_a_long_job_from_the_reaper(
     finally:
         reaper.join()
     assert runs == [1]
-    assert reaper.reaped == 0 and len(reaper.reports) >= 8
+    assert reaper.reaped == 0 and len(reaper.reports) >= 5
     assert len(queries) >= 15 and 3 <= len(writes) <= 6 and set(writes) == {1}  # throttled to ~1/s
     after = _row(installed, job)
     assert (after["state"], after["number_of_attempts"], after["error_message"]) == (3, 1, None)
@@ -515,8 +515,9 @@ def test_a_sigkilled_workers_job_is_reaped_and_its_group_goes_on_in_order(make_q
         # 72/75: while the dead job still looks alive, its group waits behind it.
         assert queue.process_job(worse) == "waiting"
         report = queue.process()
-        assert report.reaped == 0
-        assert [_row(installed, j)["state"] for j in (dead, worse, better)] == [2, 6, 6]
+        assert report.reaped == 0 and report.outcomes == {}
+        # A cron run leaves a busy group's jobs alone (it claims only idle groups' heads).
+        assert [_row(installed, j)["state"] for j in (dead, worse, better)] == [2, 6, 1]
 
         while _now(installed) - _row(installed, dead)["updated_at"] < dt.timedelta(seconds=1.5):
             time.sleep(0.05)
@@ -531,7 +532,7 @@ def test_a_sigkilled_workers_job_is_reaped_and_its_group_goes_on_in_order(make_q
         assert reaped["state"] == JobState.TEMPORARILY_FAILED
         assert "stalled" in reaped["error_message"] and f"(PID {worker.pid})" in reaped["error_message"]
         assert (reaped["number_of_attempts"], reaped["postponed_by"]) == (1, 60_000)
-        assert [_row(installed, j)["state"] for j in (worse, better)] == [6, 6]  # dead is still first
+        assert [_row(installed, j)["state"] for j in (worse, better)] == [6, 1]  # dead is still first
 
         # 75: once its backoff is over, dead runs again, then the group in (priority, id) order.
         old = _now(installed) - HOURS_AGO_2

@@ -80,11 +80,16 @@ def test_checklist_69_a_claim_that_keeps_deadlocking_is_retried_then_leaves_the_
         error.retryable = True
         raise error
 
-    monkeypatch.setattr(queue.procs, "claim", deadlock)
+    monkeypatch.setattr(queue.procs, "claim", deadlock)  # process_job's claim
+    monkeypatch.setattr(queue.procs, "claim_batch", deadlock)  # cron mode's claim
     monkeypatch.setattr("bgq.processing.time.sleep", lambda s: None)
     assert queue.process().outcomes == {"error": 1}
     assert len(calls) == 5  # CLAIM_TRIES
     assert state_of(installed, job) == JobState.READY  # never stuck in PROCESSING
+    with pytest.raises(DatabaseError):
+        queue.process_job(job)
+    assert len(calls) == 10
+    assert state_of(installed, job) == JobState.READY
 
 
 def test_checklist_93_publish_never_creates_the_schema(db_url):

@@ -52,7 +52,9 @@ def test_seed_1_jobs_without_group_never_wait(make_queue, installed):
     assert report.outcomes == {"claimed": 3}
     assert [state_of(installed, i) for i in ids] == [JobState.FINISHED] * 3
     assert installed.sql("SELECT COUNT(*) AS n FROM {t}_group")[0]["n"] == 0
-    assert [c[0] for c in rec.calls] == [(1,), (2,), (3,)]  # id order in cron mode
+    # Cron mode claims as `bgq work` does, in (priority, id) order (the original's id order let
+    # a window of 1000 blocked rows hide every runnable one).
+    assert [c[0] for c in rec.calls] == [(2,), (1,), (3,)]
 
 
 def test_seed_2a_predecessor_by_priority(make_queue, installed):
@@ -103,10 +105,14 @@ def test_checklist_26_unexpected_state_logs(make_queue, installed, caplog, state
     queue = make_queue(callbacks={"rec": rec})
     job = queue.publish("rec")
     _set(installed, job, state=int(state))
-    with caplog.at_level(logging.CRITICAL, logger="bgq"):
+    with caplog.at_level(logging.INFO, logger="bgq"):
         assert queue.process_job(job) == "unexpected"
     assert rec.calls == [] and state_of(installed, job) == state
-    assert f'Unexpected state "{int(state)}"' in caplog.text
+    (record,) = [r for r in caplog.records if "Unexpected state" in r.getMessage()]
+    assert f'Unexpected state "{int(state)}"' in record.getMessage()
+    # A claim race another worker won is normal; neither case needs a person (issue: alerting
+    # on CRITICAL must stay useful).
+    assert record.levelno == (logging.INFO if state == JobState.PROCESSING else logging.WARNING)
 
 
 def test_checklist_25_27_finished_redundant_and_missing_are_silent(make_queue, installed, caplog):
