@@ -2,15 +2,48 @@
 
 from __future__ import annotations
 
-from ..errors import BgqError, DatabaseError, JobNotFoundError, JobStateError, SchemaVersionError
+import pymysql
+
+from ..errors import (
+    BgqError,
+    ConnectionLostError,
+    DatabaseError,
+    DatabaseUnavailableError,
+    DeadlockError,
+    JobNotFoundError,
+    JobStateError,
+    LockTimeoutError,
+    PacketTooLargeError,
+    SchemaVersionError,
+    SerializationFailureError,
+    StatementCanceledError,
+)
 from . import Proc
 
-# MYSQL_ERRNO values the procedures SIGNAL (db/mysql/*.sql headers), and the server's own.
+# MYSQL_ERRNO values the procedures SIGNAL (db/mysql/*.sql headers).
 _BGQ_ERRORS: dict[int, type[BgqError]] = {31001: JobNotFoundError, 31002: DatabaseError, 31003: JobStateError}
-_DEADLOCK = 1213
-_LOCK_WAIT_TIMEOUT = 1205
-_UNREACHABLE = {2003, 2005, 2006, 2013}
 _NOT_INSTALLED = {1146, 1305}  # no such table; no such procedure or function
+# The server's and the client's own error numbers, by what they mean for bgq.
+SERVER_ERRORS: dict[int, type[DatabaseError]] = {
+    1205: LockTimeoutError,  # ER_LOCK_WAIT_TIMEOUT (innodb_lock_wait_timeout)
+    3572: LockTimeoutError,  # ER_LOCK_NOWAIT (MySQL 8: NOWAIT found a lock)
+    1213: DeadlockError,  # ER_LOCK_DEADLOCK
+    1020: SerializationFailureError,  # ER_CHECKREAD (MariaDB innodb_snapshot_isolation)
+    1153: PacketTooLargeError,  # ER_NET_PACKET_TOO_LARGE (max_allowed_packet)
+    2020: PacketTooLargeError,  # CR_NET_PACKET_TOO_LARGE (client side)
+    1317: StatementCanceledError,  # ER_QUERY_INTERRUPTED (KILL QUERY)
+    1969: StatementCanceledError,  # ER_STATEMENT_TIMEOUT (MariaDB max_statement_time)
+    3024: StatementCanceledError,  # ER_QUERY_TIMEOUT (MySQL 8 max_execution_time)
+    2003: DatabaseUnavailableError,  # CR_CONN_HOST_ERROR: cannot connect
+    2005: DatabaseUnavailableError,  # CR_UNKNOWN_HOST
+    1040: DatabaseUnavailableError,  # ER_CON_COUNT_ERROR: too many connections
+    2006: ConnectionLostError,  # CR_SERVER_GONE_ERROR
+    2013: ConnectionLostError,  # CR_SERVER_LOST (during a query)
+    2055: ConnectionLostError,  # CR_SERVER_LOST_EXTENDED
+    1053: ConnectionLostError,  # ER_SERVER_SHUTDOWN
+    1927: ConnectionLostError,  # ER_CONNECTION_KILLED (MariaDB: KILL of this session)
+    4031: ConnectionLostError,  # disconnected for inactivity (MariaDB idle_transaction_timeout, MySQL 8)
+}
 
 
 class MySQLDialect:
@@ -36,12 +69,9 @@ class MySQLDialect:
             return SchemaVersionError(
                 f"bgq is not installed for this table ({exc.args[-1]}): run `bgq install-procs`."
             )
-        if code in _UNREACHABLE:
-            from ..errors import DatabaseUnavailableError
-
-            return DatabaseUnavailableError(f"Cannot reach the database: {exc}")
-        return None
-
-    def is_deadlock(self, exc: BaseException) -> bool:
-        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
-        return code in (_DEADLOCK, _LOCK_WAIT_TIMEOUT)
+        kind = SERVER_ERRORS.get(code) if code is not None else None
+        if kind is None and isinstance(exc, pymysql.err.InterfaceError):
+            kind = ConnectionLostError  # pymysql's "(0, '')": the socket is already closed
+        if kind is None:
+            return None
+        return kind(f"{(kind.__doc__ or '').strip().rstrip('.')}: {exc}")
