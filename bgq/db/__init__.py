@@ -17,6 +17,16 @@ from ..errors import BgqError, ConnectionLostError, DatabaseError, DatabaseUnava
 
 
 @dataclass(frozen=True)
+class InstalledRoutine:
+    """A routine as the server's catalogue shows it (install-procs' check of what is installed)."""
+
+    name: str  # lower case, with the table prefix
+    inputs: tuple[str, ...]  # the IN parameters' names, in order
+    signature: str  # every parameter with its mode and type, as the catalogue prints them
+    definition_digest: str | None  # MD5 of the catalogue's definition; None when it is not readable
+
+
+@dataclass(frozen=True)
 class Proc:
     """A stored procedure's signature: its file name, kind and typed parameters."""
 
@@ -38,6 +48,10 @@ class Dialect(Protocol):
 
     def drop_sql(self, table: str, name: str, function: bool) -> str:
         """Drop an installed procedure or function if it exists."""
+
+    def routines(self, conn: Connection, names: Sequence[str]) -> list[InstalledRoutine]:
+        """The routines of the current database / schema among `names` (lower case); a name
+        with overloads (PostgreSQL) appears once per overload."""
 
     def translate(self, exc: BaseException) -> BgqError | None:
         """Map a driver exception to bgq's by its error code (never its text): the procedures'

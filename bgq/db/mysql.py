@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pymysql
+from sqlalchemy.engine import Connection
 
 from ..errors import (
     BgqError,
@@ -18,7 +21,7 @@ from ..errors import (
     SerializationFailureError,
     StatementCanceledError,
 )
-from . import Proc
+from . import InstalledRoutine, Proc
 
 # MYSQL_ERRNO values the procedures SIGNAL (db/mysql/*.sql headers).
 _BGQ_ERRORS: dict[int, type[BgqError]] = {31001: JobNotFoundError, 31002: DatabaseError, 31003: JobStateError}
@@ -59,6 +62,35 @@ class MySQLDialect:
 
     def drop_sql(self, table: str, name: str, function: bool) -> str:
         return f"DROP {'FUNCTION' if function else 'PROCEDURE'} IF EXISTS {table}_{name}"
+
+    def routines(self, conn: Connection, names: Sequence[str]) -> list[InstalledRoutine]:
+        # Parameters with ORDINAL_POSITION 0 are a function's return value. ROUTINE_DEFINITION is
+        # NULL for a user who neither created the routine nor may read routines' code.
+        marks = ", ".join(["%s"] * len(names))
+        rows = conn.exec_driver_sql(
+            "SELECT LOWER(r.ROUTINE_NAME) AS name, r.ROUTINE_TYPE AS kind,"
+            " MD5(r.ROUTINE_DEFINITION) AS definition_digest,"
+            " (SELECT GROUP_CONCAT(CONCAT(p.PARAMETER_MODE, ' ', p.PARAMETER_NAME, ' ', p.DTD_IDENTIFIER)"
+            "   ORDER BY p.ORDINAL_POSITION SEPARATOR '; ')"
+            "  FROM information_schema.PARAMETERS AS p"
+            "  WHERE p.SPECIFIC_SCHEMA = r.ROUTINE_SCHEMA AND p.SPECIFIC_NAME = r.SPECIFIC_NAME"
+            "  AND p.ORDINAL_POSITION > 0) AS arguments"
+            " FROM information_schema.ROUTINES AS r"
+            f" WHERE r.ROUTINE_SCHEMA = DATABASE() AND LOWER(r.ROUTINE_NAME) IN ({marks})",
+            tuple(names),
+        ).all()
+        out = []
+        for name, kind, digest, arguments in rows:
+            params = [a.split(" ") for a in (arguments or "").split("; ") if a]
+            out.append(
+                InstalledRoutine(
+                    name=name,
+                    inputs=tuple(p[1] for p in params if p[0] == "IN"),
+                    signature=f"{kind} ({arguments or ''})",
+                    definition_digest=digest,
+                )
+            )
+        return out
 
     def translate(self, exc: BaseException) -> BgqError | None:
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None

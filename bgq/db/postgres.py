@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import psycopg
+from sqlalchemy.engine import Connection
 
 from ..errors import (
     BgqError,
@@ -18,7 +21,7 @@ from ..errors import (
     SerializationFailureError,
     StatementCanceledError,
 )
-from . import Proc
+from . import InstalledRoutine, Proc
 
 # SQLSTATEs the functions RAISE (db/postgres/*.sql headers).
 _BGQ_ERRORS: dict[str, type[BgqError]] = {
@@ -60,6 +63,26 @@ class PostgresDialect:
 
     def drop_sql(self, table: str, name: str, function: bool) -> str:
         return f"DROP FUNCTION IF EXISTS {table}_{name}"
+
+    def routines(self, conn: Connection, names: Sequence[str]) -> list[InstalledRoutine]:
+        # proargmodes is NULL when every argument is IN; 'i' in, 'b' inout, 'v' variadic,
+        # 'o' out, 't' a RETURNS TABLE column.
+        rows = conn.exec_driver_sql(
+            "SELECT p.proname AS name, p.proargnames::text[] AS arg_names,"
+            " p.proargmodes::text[] AS arg_modes,"
+            " pg_get_function_arguments(p.oid) AS arguments,"
+            " md5(pg_get_functiondef(p.oid)) AS definition_digest"
+            " FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = current_schema() AND p.proname = ANY(%s)",
+            (list(names),),
+        ).all()
+        out = []
+        for name, arg_names, arg_modes, arguments, digest in rows:
+            arg_names = arg_names or []
+            modes = arg_modes or ["i"] * len(arg_names)
+            inputs = tuple(n for n, m in zip(arg_names, modes, strict=True) if m in ("i", "b", "v"))
+            out.append(InstalledRoutine(name, inputs, f"FUNCTION ({arguments})", digest))
+        return out
 
     def translate(self, exc: BaseException) -> BgqError | None:
         state = getattr(exc, "sqlstate", None)
