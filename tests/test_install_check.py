@@ -92,3 +92,21 @@ def test_bgq_process_with_a_procedure_missing_fails_with_one_line(fresh, db_url,
     assert len(lines) == 1, result.stderr
     assert f"missing {table}_heartbeat" in lines[0] and "bgq install-procs" in lines[0]
     assert result.stdout == ""
+
+
+def test_an_install_recorded_before_fingerprints_is_accepted_and_fingerprinted_by_install_procs(fresh):
+    """Meta rows of an older bgq (version and checksum only): the Queue checks names; install-procs
+    reinstalls and records the fingerprints, then is up to date."""
+    db, table = fresh
+    with db.transaction() as conn:
+        conn.exec_driver_sql(f"DELETE FROM {table}_meta WHERE name LIKE %s", ("routine:%",))
+    check_installed(db, table)
+    _drop(db, table, "monitor")
+    with pytest.raises(SchemaVersionError, match=f"missing {table}_monitor"):
+        check_installed(db, table)
+    assert install(db, table) is True
+    with db.transaction() as conn:
+        recorded = {n for n in Procs(db, table).installed(conn) if n.startswith("routine:")}
+    assert recorded == {f"routine:{p.name}" for p in (*ALL_PROCS, *INTERNAL_PROCS)}
+    check_installed(db, table)
+    assert install(db, table) is False
