@@ -22,6 +22,10 @@ DEFAULT_PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     ImportError,
 )
 
+#: The largest encoded parameters (JSON, or pickle) publish accepts: 1 MiB, far below MariaDB's
+#: default max_allowed_packet (16 MiB), so one job's INSERT never reaches the server's limit.
+DEFAULT_MAX_PARAMETERS_BYTES = 1024 * 1024
+
 
 @dataclass(frozen=True)
 class CallbackSpec:
@@ -57,6 +61,7 @@ class Config:
     allow_pickle: bool = False
     permanent_errors: tuple[type[BaseException], ...] = DEFAULT_PERMANENT_ERRORS
     data_dir: str | None = None
+    max_parameters_bytes: int = DEFAULT_MAX_PARAMETERS_BYTES
 
     def queue_name(self, sub_queue: str | None) -> str:
         """The job's queue: the base queue, or '<queue>_<sub_queue>'."""
@@ -73,6 +78,15 @@ def _hook(name: str, value: Any) -> Callable[..., Any] | None:
     if value is not None and not callable(value):
         raise ConfigError(f'Option "{name}" must be callable or None, got {value!r}.')
     return value
+
+
+def encodable(text: str) -> bool:
+    """True when the text is valid Unicode (no lone surrogate), so it can be sent as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def validate_priorities(priorities: Any) -> tuple[int, ...]:
@@ -96,6 +110,8 @@ def _callbacks(raw: Any, priorities: tuple[int, ...]) -> dict[str, CallbackSpec]
     for name, value in raw.items():
         if not isinstance(name, str) or not name or len(name) > 255:
             raise ConfigError(f"Callback name {name!r} must be a non-empty string of at most 255 characters.")
+        if "\x00" in name or not encodable(name):
+            raise ConfigError(f"Callback name {name!r} must not contain NUL or lone surrogate characters.")
         if callable(value):
             specs[name] = CallbackSpec(name, value)
             continue
@@ -149,6 +165,9 @@ def build_config(**options: Any) -> Config:
     bulk = opts.get("bulk_size", 1)
     if isinstance(bulk, bool) or not isinstance(bulk, int) or bulk < 1:
         raise ConfigError(f'Option "bulk_size" must be a positive integer, got {bulk!r}.')
+    limit = opts.get("max_parameters_bytes", DEFAULT_MAX_PARAMETERS_BYTES)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f'Option "max_parameters_bytes" must be a positive integer, got {limit!r}.')
     for name in (
         "waiting_job_expiration",
         "stalled_job_timeout",

@@ -39,9 +39,44 @@ class PriorityError(PublishError):
 class DatabaseError(BgqError):
     """The database refused or failed a bgq call."""
 
+    #: Whether running the whole transaction again may succeed (bgq.retry reads it).
+    retryable: bool = False
+
 
 class DatabaseUnavailableError(DatabaseError):
     """The database cannot be reached."""
+
+
+class ConnectionLostError(DatabaseUnavailableError):
+    """The database connection was lost or cut by the server (killed, idle timeout, restart)."""
+
+    retryable = True  # the pool hands out a fresh connection; an unfinished transaction was rolled back
+
+
+class LockTimeoutError(DatabaseError):
+    """A lock wait timed out (MySQL innodb_lock_wait_timeout, PostgreSQL lock_timeout or NOWAIT)."""
+
+    retryable = True
+
+
+class DeadlockError(DatabaseError):
+    """The database broke a deadlock by rolling this transaction back."""
+
+    retryable = True
+
+
+class SerializationFailureError(DatabaseError):
+    """The transaction conflicted with a concurrent one and was rolled back."""
+
+    retryable = True
+
+
+class StatementCanceledError(DatabaseError):
+    """The server cancelled a statement (a statement timeout, or a cancel or KILL QUERY)."""
+
+
+class PacketTooLargeError(DatabaseError):
+    """A statement or value is larger than the server accepts (MySQL max_allowed_packet)."""
 
 
 class SchemaVersionError(DatabaseError):

@@ -1,4 +1,4 @@
-"""Encoding of job parameters: JSON with dates, times and Decimals; pickle only when allowed."""
+"""Encoding of job parameters: JSON with dates, times, zones and Decimals; pickle only when allowed."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import pickle
 from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from .errors import SerializationError
 
@@ -22,11 +23,11 @@ def _encode(value: Any) -> Any:
             raise SerializationError(f"Parameter value {value!r} cannot be stored as JSON.")
         return value
     if isinstance(value, dt.datetime):
-        return {_TAG: "datetime", "v": value.isoformat()}
+        return {_TAG: "datetime", "v": value.isoformat(), **_zone(value)}
     if isinstance(value, dt.date):
         return {_TAG: "date", "v": value.isoformat()}
     if isinstance(value, dt.time):
-        return {_TAG: "time", "v": value.isoformat()}
+        return {_TAG: "time", "v": value.isoformat(), **_zone(value)}
     if isinstance(value, Decimal):
         return {_TAG: "decimal", "v": str(value)}
     if isinstance(value, list | tuple):
@@ -47,17 +48,37 @@ def _encode(value: Any) -> Any:
     )
 
 
+def _zone(value: dt.datetime | dt.time) -> dict[str, str]:
+    """A value's time zone as stored beside its ISO text: none for a naive value or a fixed
+    offset (the ISO text holds it), the key of a ZoneInfo zone (so it comes back DST-aware);
+    any other tzinfo cannot be stored faithfully and is refused."""
+    zone = value.tzinfo
+    if zone is None or type(zone) is dt.timezone:
+        return {}
+    if isinstance(zone, ZoneInfo) and zone.key:
+        return {"tz": zone.key}
+    raise SerializationError(
+        f"Parameter value {value!r} has a time zone of type {type(zone).__name__}, which bgq cannot "
+        "store without changing it: use a zoneinfo.ZoneInfo zone (kept by name) or a "
+        "datetime.timezone offset (or configure the queue with allow_pickle=True)."
+    )
+
+
 def _decode_hook(obj: dict[str, Any]) -> Any:
     kind = obj.get(_TAG)
     if kind is None:
         return obj
     raw = obj["v"]
+    zone = ZoneInfo(obj["tz"]) if "tz" in obj else None
     if kind == "datetime":
-        return dt.datetime.fromisoformat(raw)
+        value = dt.datetime.fromisoformat(raw)
+        # The ISO text holds the offset: the same instant, shown in its zone (fold included).
+        return value.astimezone(zone) if zone is not None else value
     if kind == "date":
         return dt.date.fromisoformat(raw)
     if kind == "time":
-        return dt.time.fromisoformat(raw)
+        value = dt.time.fromisoformat(raw)
+        return value.replace(tzinfo=zone) if zone is not None else value
     if kind == "decimal":
         return Decimal(raw)
     raise ValueError(f"Unknown bgq parameter tag {kind!r}")
@@ -73,7 +94,9 @@ def encode(parameters: Any, *, allow_pickle: bool) -> tuple[str | None, bytes | 
             f"not {type(parameters).__name__}."
         )
     try:
-        return json.dumps(_encode(parameters), separators=(",", ":"), ensure_ascii=False), None
+        text = json.dumps(_encode(parameters), separators=(",", ":"), ensure_ascii=False)
+        _check_unicode(text)
+        return text, None
     except SerializationError:
         if not allow_pickle:
             raise
@@ -81,6 +104,25 @@ def encode(parameters: Any, *, allow_pickle: bool) -> tuple[str | None, bytes | 
         return None, pickle.dumps(parameters, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # TypeError, PicklingError, AttributeError (lambdas, locks, generators)
         raise SerializationError(f"Parameters cannot be pickled either: {type(exc).__name__}: {exc}") from exc
+
+
+def _check_unicode(text: str) -> None:
+    """Refuse text that is not valid Unicode (a lone surrogate such as "\\ud800"): no database
+    can store it as UTF-8 text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SerializationError(
+            f"Parameters contain a string that is not valid Unicode ({exc.object[exc.start : exc.end]!r}, "
+            "a lone surrogate), which cannot be stored as JSON text."
+        ) from None
+
+
+def encoded_size(parameters_json: str | None, parameters_pickle: bytes | None) -> int:
+    """The bytes the encoded parameters take in the INSERT (UTF-8 JSON, or the pickle)."""
+    if parameters_json is not None:
+        return len(parameters_json.encode("utf-8"))
+    return len(parameters_pickle or b"")
 
 
 def decode(parameters_json: str | None, parameters_pickle: bytes | None, *, allow_pickle: bool) -> Any:

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 from sqlalchemy.engine import Connection
 
 from . import params as params_codec
-from . import runner
-from .errors import BgqError, DatabaseError, SerializationError
+from . import retry, runner
+from .errors import BgqError, SerializationError
 from .procs import ClaimResult, FinishResult
 from .states import JobState, Mode
 
@@ -201,16 +201,10 @@ class Processing:
         )
 
     def _retrying(self, call: Callable[[Connection], T]) -> T:
-        """Run `call` in a transaction; a deadlock or lock timeout retries it (CLAIM_TRIES times in all)."""
-        for attempt in range(1, CLAIM_TRIES + 1):
-            try:
-                with self.database.transaction() as conn:
-                    return call(conn)
-            except DatabaseError as exc:
-                if attempt == CLAIM_TRIES or not getattr(exc, "retryable", False):
-                    raise
-                time.sleep(0.1 * attempt)
-        raise AssertionError("unreachable")
+        """Run `call` in a transaction under bgq's retry policy (bgq/retry.py): a retryable error
+        (lock timeout, deadlock, serialisation failure, lost connection) runs it again, CLAIM_TRIES
+        attempts in all."""
+        return retry.in_transaction(self.database, call, tries=CLAIM_TRIES)
 
     def _run(self, job_id: int, claim: ClaimResult) -> runner.Outcome:
         cfg = self.config

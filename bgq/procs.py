@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from .db import Database, Proc
+from .db import Database, InstalledRoutine, Proc
 from .errors import JobNotFoundError
 
 # Signatures of db/<dialect>/<name>.sql; the PostgreSQL types double as documentation.
@@ -421,6 +421,16 @@ class Procs:
         """The {table}_meta rows (version, checksum), or {} when bgq is not installed."""
         rows = conn.exec_driver_sql(f"SELECT name, value FROM {self.table}_meta").all()
         return {name: value for name, value in rows}
+
+    def routines(self, conn: Connection) -> dict[str, list[InstalledRoutine]]:
+        """bgq's routines installed for this table, by procedure name (without the table prefix);
+        more than one per name are PostgreSQL overloads. Missing ones are absent."""
+        prefix = f"{self.table}_".lower()
+        names = [prefix + p.name for p in (*ALL_PROCS, *INTERNAL_PROCS)]
+        out: dict[str, list[InstalledRoutine]] = {}
+        for routine in self.db.dialect.routines(conn, names):
+            out.setdefault(routine.name[len(prefix) :], []).append(routine)
+        return out
 
     def record_install(self, conn: Connection, values: dict[str, str]) -> None:
         conn.exec_driver_sql(f"DELETE FROM {self.table}_meta")

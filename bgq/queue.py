@@ -12,6 +12,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from . import outbox
+from . import params as params_codec
 from .config import Config, build_config
 from .db import Database, dialect_name
 from .errors import BgqError, PublishError
@@ -22,6 +23,25 @@ from .processing import Processing
 from .procs import NewJob, Procs
 from .states import Mode
 from .validate import new_job
+
+#: Parameter bytes per multi-row INSERT of a bulk: far below MariaDB's default max_allowed_packet
+#: (16 MiB) even when escaping doubles them; a larger bulk is inserted in several statements.
+BULK_INSERT_BYTES = 4 * 1024 * 1024
+
+
+def _by_size(jobs: list[NewJob]) -> Iterator[list[NewJob]]:
+    """Consecutive runs of `jobs` whose parameters take at most BULK_INSERT_BYTES (one job at least)."""
+    chunk: list[NewJob] = []
+    size = 0
+    for job in jobs:
+        job_size = params_codec.encoded_size(job.parameters_json, job.parameters)
+        if chunk and size + job_size > BULK_INSERT_BYTES:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(job)
+        size += job_size
+    if chunk:
+        yield chunk
 
 
 @dataclass
@@ -55,6 +75,7 @@ class Queue(Processing, Operations):
       allow_pickle                 store non-JSON parameters pickled (False: unpickling runs code)
       permanent_errors             exception classes that fail a job for good (programming errors)
       data_dir                     where the embedded PostgreSQL keeps its data
+      max_parameters_bytes         largest encoded parameters publish accepts (1 MiB); larger: PublishError
     """
 
     def __init__(self, **options: Any) -> None:
@@ -186,7 +207,7 @@ class Queue(Processing, Operations):
             return
         jobs, batch.jobs = batch.jobs, []
         with self.database.transaction() as conn:
-            ids = self.procs.insert_many(conn, jobs)
+            ids = [i for chunk in _by_size(jobs) for i in self.procs.insert_many(conn, chunk)]
         batch.ids.extend(ids)
         self._send([(i, j.queue, j.priority, j.postponed_by) for i, j in zip(ids, jobs, strict=True)])
 

@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from . import params as params_codec
-from .config import Config
+from .config import Config, encodable
 from .errors import PriorityError, PublishError, UnknownCallbackError
 from .procs import NewJob
 from .states import Mode
@@ -41,6 +41,16 @@ def new_job(
         raise PublishError('Parameter "serial_group" has to be set if "coalesce_threshold" is used.')
     if priority is None:
         priority = spec.priority if spec.priority is not None else cfg.priorities[0]
+    if isinstance(priority, str):
+        raise PriorityError(
+            f"Priority {priority!r} for callback {callback_name} is a string: priorities are integers "
+            f"({','.join(map(str, cfg.priorities))})."
+        )
+    if not isinstance(priority, int) and priority in cfg.priorities:  # 1.0, Decimal(1): not an int
+        raise PriorityError(
+            f"Priority {priority!r} for callback {callback_name} is a {type(priority).__name__}: "
+            f"priorities are integers ({','.join(map(str, cfg.priorities))})."
+        )
     if isinstance(priority, bool) or priority not in cfg.priorities:
         raise PriorityError(
             f"Priority {priority} for callback {callback_name} is not in available priorities: "
@@ -51,6 +61,11 @@ def new_job(
             raise PublishError(
                 f'Parameter "{name}" must be a non-empty string of at most {MAX_TEXT} characters.'
             )
+        if value is not None and ("\x00" in value or not encodable(value)):
+            # PostgreSQL text cannot hold NUL (MariaDB would store it): refuse it on both.
+            raise PublishError(
+                f'Parameter "{name}" must not contain NUL or lone surrogate characters: {value!r}.'
+            )
         if value is not None and value != value.rstrip():
             # MySQL compares these PAD SPACE ('a ' = 'a'), PostgreSQL does not: refuse the ambiguity.
             raise PublishError(f'Parameter "{name}" must not end with whitespace: {value!r}.')
@@ -60,6 +75,12 @@ def new_job(
         raise PublishError('Parameter "coalesce_threshold" must be an integer.')
     postponed_by = _milliseconds(postpone_by)
     parameters_json, pickled = params_codec.encode(parameters, allow_pickle=cfg.allow_pickle)
+    size = params_codec.encoded_size(parameters_json, pickled)
+    if size > cfg.max_parameters_bytes:
+        raise PublishError(
+            f"The parameters take {size} bytes encoded, more than max_parameters_bytes "
+            f"({cfg.max_parameters_bytes}): store large data elsewhere and pass a reference."
+        )
     return NewJob(
         queue=cfg.queue_name(spec.queue),
         priority=priority,

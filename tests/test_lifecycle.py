@@ -8,7 +8,7 @@ import multiprocessing
 import pytest
 import sqlalchemy as sa
 
-from bgq import DatabaseError, DieException, JobState, SchemaVersionError
+from bgq import DatabaseError, DeadlockError, DieException, JobState, SchemaVersionError
 from tests.conftest import AMQP_URL, state_of, unique_name
 
 
@@ -76,13 +76,11 @@ def test_checklist_69_a_claim_that_keeps_deadlocking_is_retried_then_leaves_the_
 
     def deadlock(*args, **kwargs):
         calls.append(1)
-        error = DatabaseError("Deadlock found when trying to get lock")
-        error.retryable = True
-        raise error
+        raise DeadlockError("Deadlock found when trying to get lock")
 
     monkeypatch.setattr(queue.procs, "claim", deadlock)  # process_job's claim
     monkeypatch.setattr(queue.procs, "claim_batch", deadlock)  # cron mode's claim
-    monkeypatch.setattr("bgq.processing.time.sleep", lambda s: None)
+    monkeypatch.setattr("bgq.retry.time.sleep", lambda s: None)
     assert queue.process().outcomes == {"error": 1}
     assert len(calls) == 5  # CLAIM_TRIES
     assert state_of(installed, job) == JobState.READY  # never stuck in PROCESSING

@@ -120,8 +120,68 @@ BAD_PUBLISHES = [
         ("noop",),
         {"priority": "1"},
         PriorityError,
-        "Priority 1 for callback noop is not in available priorities: 1,2",
+        "Priority '1' for callback noop is a string: priorities are integers (1,2).",
         id="checklist_05_priority_str",
+    ),
+    pytest.param(
+        ("noop",),
+        {"priority": 1.0},
+        PriorityError,
+        "Priority 1.0 for callback noop is a float: priorities are integers (1,2).",
+        id="priority_float",
+    ),
+    pytest.param(
+        ("noop",),
+        {"serial_group": "a\x00b"},
+        PublishError,
+        "Parameter \"serial_group\" must not contain NUL or lone surrogate characters: 'a\\x00b'.",
+        id="serial_group_nul",
+    ),
+    pytest.param(
+        ("noop",),
+        {"identifier": "a\x00b", "mode": "unique"},
+        PublishError,
+        "Parameter \"identifier\" must not contain NUL or lone surrogate characters: 'a\\x00b'.",
+        id="identifier_nul",
+    ),
+    pytest.param(
+        ("noop",),
+        {"serial_group": "a\ud800"},
+        PublishError,
+        "Parameter \"serial_group\" must not contain NUL or lone surrogate characters: 'a\\ud800'.",
+        id="serial_group_lone_surrogate",
+    ),
+    pytest.param(
+        ("noop", ["\ud800"]),
+        {},
+        SerializationError,
+        "Parameters contain a string that is not valid Unicode ('\\ud800', a lone surrogate), "
+        "which cannot be stored as JSON text.",
+        id="parameters_lone_surrogate",
+    ),
+    pytest.param(
+        ("noop", {"k\udfff": 1}),
+        {},
+        SerializationError,
+        "Parameters contain a string that is not valid Unicode ('\\udfff', a lone surrogate), "
+        "which cannot be stored as JSON text.",
+        id="parameter_key_lone_surrogate",
+    ),
+    pytest.param(
+        ("noop", ["x" * (16 * 1024 * 1024)]),
+        {},
+        PublishError,
+        "The parameters take 16777220 bytes encoded, more than max_parameters_bytes (1048576): "
+        "store large data elsewhere and pass a reference.",
+        id="parameters_16_mib_over_max_allowed_packet",
+    ),
+    pytest.param(
+        ("noop", ["é" * (512 * 1024)]),
+        {},
+        PublishError,
+        "The parameters take 1048580 bytes encoded, more than max_parameters_bytes (1048576): "
+        "store large data elsewhere and pass a reference.",
+        id="parameters_over_1_mib_in_utf8_bytes",
     ),
     pytest.param(
         ("noop",),

@@ -13,7 +13,17 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
-from ..errors import BgqError, DatabaseError, DatabaseUnavailableError
+from ..errors import BgqError, ConnectionLostError, DatabaseError, DatabaseUnavailableError
+
+
+@dataclass(frozen=True)
+class InstalledRoutine:
+    """A routine as the server's catalogue shows it (install-procs' check of what is installed)."""
+
+    name: str  # lower case, with the table prefix
+    inputs: tuple[str, ...]  # the IN parameters' names, in order
+    signature: str  # every parameter with its mode and type, as the catalogue prints them
+    definition_digest: str | None  # MD5 of the catalogue's definition; None when it is not readable
 
 
 @dataclass(frozen=True)
@@ -39,11 +49,15 @@ class Dialect(Protocol):
     def drop_sql(self, table: str, name: str, function: bool) -> str:
         """Drop an installed procedure or function if it exists."""
 
-    def translate(self, exc: BaseException) -> BgqError | None:
-        """Map a driver exception to bgq's, by error code; None when it is not bgq's to name."""
+    def routines(self, conn: Connection, names: Sequence[str]) -> list[InstalledRoutine]:
+        """The routines of the current database / schema among `names` (lower case); a name
+        with overloads (PostgreSQL) appears once per overload."""
 
-    def is_deadlock(self, exc: BaseException) -> bool:
-        """True for an error that a retry of the whole transaction may cure."""
+    def translate(self, exc: BaseException) -> BgqError | None:
+        """Map a driver exception to bgq's by its error code (never its text): the procedures'
+        coded errors, and the server's (lock timeout, deadlock, lost connection, ...) as the
+        DatabaseError subclass whose `retryable` says whether a retry may cure it; None when the
+        code is not one bgq names."""
 
 
 def dialect_name(backend: str) -> str | None:
@@ -103,6 +117,8 @@ class Database:
             max_overflow=8,
         )
         event.listen(self.engine, "handle_error", self._on_error)
+        # The driver's own base exception: raw cursors (install-procs' DDL) raise it unwrapped.
+        self._driver_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
         self._local = threading.local()
 
     def _on_error(self, context: Any) -> None:
@@ -130,7 +146,7 @@ class Database:
                 conn = self._local.conn = self.engine.connect()
             with conn.begin():
                 yield conn
-        except sa.exc.DBAPIError as exc:
+        except (sa.exc.DBAPIError, self._driver_error) as exc:
             raise self.translate(exc) from exc
 
     @contextmanager
@@ -144,20 +160,18 @@ class Database:
             conn, self._local.conn = self._local.conn, None
             conn.close()
 
-    def translate(self, exc: sa.exc.DBAPIError) -> BgqError:
-        """The bgq exception for a driver error; `retryable` says whether a retry may cure it."""
-        orig = exc.orig if exc.orig is not None else exc
+    def translate(self, exc: BaseException) -> BgqError:
+        """The bgq exception for a driver error (SQLAlchemy-wrapped or raw), by error code."""
+        wrapped = isinstance(exc, sa.exc.DBAPIError)
+        orig = exc.orig if wrapped and exc.orig is not None else exc
         error = self.dialect.translate(orig)
         if error is None:
-            if (
-                exc.connection_invalidated
-                or isinstance(exc, sa.exc.OperationalError)
-                and _is_connect_error(orig)
-            ):
-                error = DatabaseUnavailableError(f"Cannot reach the database at {self.safe_url}: {orig}")
+            if wrapped and exc.connection_invalidated:  # SQLAlchemy saw a disconnect
+                error = ConnectionLostError(f"The database connection was lost: {orig}")
             else:
                 error = DatabaseError(f"{type(orig).__name__}: {orig}")
-        error.retryable = self.dialect.is_deadlock(orig)  # type: ignore[attr-defined]
+        if type(error) is DatabaseUnavailableError:  # never connected: say where it tried
+            error = DatabaseUnavailableError(f"Cannot reach the database at {self.safe_url}: {orig}")
         return error
 
     @property
@@ -175,17 +189,3 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
-
-
-def _is_connect_error(orig: BaseException) -> bool:
-    text = str(orig).lower()
-    return any(
-        word in text
-        for word in (
-            "can't connect",
-            "connection refused",
-            "could not connect",
-            "connection failed",
-            "timeout",
-        )
-    )

@@ -2,15 +2,51 @@
 
 from __future__ import annotations
 
-from ..errors import BgqError, DatabaseError, JobNotFoundError, JobStateError, SchemaVersionError
-from . import Proc
+from collections.abc import Sequence
 
-# MYSQL_ERRNO values the procedures SIGNAL (db/mysql/*.sql headers), and the server's own.
+import pymysql
+from sqlalchemy.engine import Connection
+
+from ..errors import (
+    BgqError,
+    ConnectionLostError,
+    DatabaseError,
+    DatabaseUnavailableError,
+    DeadlockError,
+    JobNotFoundError,
+    JobStateError,
+    LockTimeoutError,
+    PacketTooLargeError,
+    SchemaVersionError,
+    SerializationFailureError,
+    StatementCanceledError,
+)
+from . import InstalledRoutine, Proc
+
+# MYSQL_ERRNO values the procedures SIGNAL (db/mysql/*.sql headers).
 _BGQ_ERRORS: dict[int, type[BgqError]] = {31001: JobNotFoundError, 31002: DatabaseError, 31003: JobStateError}
-_DEADLOCK = 1213
-_LOCK_WAIT_TIMEOUT = 1205
-_UNREACHABLE = {2003, 2005, 2006, 2013}
 _NOT_INSTALLED = {1146, 1305}  # no such table; no such procedure or function
+# The server's and the client's own error numbers, by what they mean for bgq.
+SERVER_ERRORS: dict[int, type[DatabaseError]] = {
+    1205: LockTimeoutError,  # ER_LOCK_WAIT_TIMEOUT (innodb_lock_wait_timeout)
+    3572: LockTimeoutError,  # ER_LOCK_NOWAIT (MySQL 8: NOWAIT found a lock)
+    1213: DeadlockError,  # ER_LOCK_DEADLOCK
+    1020: SerializationFailureError,  # ER_CHECKREAD (MariaDB innodb_snapshot_isolation)
+    1153: PacketTooLargeError,  # ER_NET_PACKET_TOO_LARGE (max_allowed_packet)
+    2020: PacketTooLargeError,  # CR_NET_PACKET_TOO_LARGE (client side)
+    1317: StatementCanceledError,  # ER_QUERY_INTERRUPTED (KILL QUERY)
+    1969: StatementCanceledError,  # ER_STATEMENT_TIMEOUT (MariaDB max_statement_time)
+    3024: StatementCanceledError,  # ER_QUERY_TIMEOUT (MySQL 8 max_execution_time)
+    2003: DatabaseUnavailableError,  # CR_CONN_HOST_ERROR: cannot connect
+    2005: DatabaseUnavailableError,  # CR_UNKNOWN_HOST
+    1040: DatabaseUnavailableError,  # ER_CON_COUNT_ERROR: too many connections
+    2006: ConnectionLostError,  # CR_SERVER_GONE_ERROR
+    2013: ConnectionLostError,  # CR_SERVER_LOST (during a query)
+    2055: ConnectionLostError,  # CR_SERVER_LOST_EXTENDED
+    1053: ConnectionLostError,  # ER_SERVER_SHUTDOWN
+    1927: ConnectionLostError,  # ER_CONNECTION_KILLED (MariaDB: KILL of this session)
+    4031: ConnectionLostError,  # disconnected for inactivity (MariaDB idle_transaction_timeout, MySQL 8)
+}
 
 
 class MySQLDialect:
@@ -27,6 +63,35 @@ class MySQLDialect:
     def drop_sql(self, table: str, name: str, function: bool) -> str:
         return f"DROP {'FUNCTION' if function else 'PROCEDURE'} IF EXISTS {table}_{name}"
 
+    def routines(self, conn: Connection, names: Sequence[str]) -> list[InstalledRoutine]:
+        # Parameters with ORDINAL_POSITION 0 are a function's return value. ROUTINE_DEFINITION is
+        # NULL for a user who neither created the routine nor may read routines' code.
+        marks = ", ".join(["%s"] * len(names))
+        rows = conn.exec_driver_sql(
+            "SELECT LOWER(r.ROUTINE_NAME) AS name, r.ROUTINE_TYPE AS kind,"
+            " MD5(r.ROUTINE_DEFINITION) AS definition_digest,"
+            " (SELECT GROUP_CONCAT(CONCAT(p.PARAMETER_MODE, ' ', p.PARAMETER_NAME, ' ', p.DTD_IDENTIFIER)"
+            "   ORDER BY p.ORDINAL_POSITION SEPARATOR '; ')"
+            "  FROM information_schema.PARAMETERS AS p"
+            "  WHERE p.SPECIFIC_SCHEMA = r.ROUTINE_SCHEMA AND p.SPECIFIC_NAME = r.SPECIFIC_NAME"
+            "  AND p.ORDINAL_POSITION > 0) AS arguments"
+            " FROM information_schema.ROUTINES AS r"
+            f" WHERE r.ROUTINE_SCHEMA = DATABASE() AND LOWER(r.ROUTINE_NAME) IN ({marks})",
+            tuple(names),
+        ).all()
+        out = []
+        for name, kind, digest, arguments in rows:
+            params = [a.split(" ") for a in (arguments or "").split("; ") if a]
+            out.append(
+                InstalledRoutine(
+                    name=name,
+                    inputs=tuple(p[1] for p in params if p[0] == "IN"),
+                    signature=f"{kind} ({arguments or ''})",
+                    definition_digest=digest,
+                )
+            )
+        return out
+
     def translate(self, exc: BaseException) -> BgqError | None:
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
         if code in _BGQ_ERRORS:
@@ -36,12 +101,9 @@ class MySQLDialect:
             return SchemaVersionError(
                 f"bgq is not installed for this table ({exc.args[-1]}): run `bgq install-procs`."
             )
-        if code in _UNREACHABLE:
-            from ..errors import DatabaseUnavailableError
-
-            return DatabaseUnavailableError(f"Cannot reach the database: {exc}")
-        return None
-
-    def is_deadlock(self, exc: BaseException) -> bool:
-        code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
-        return code in (_DEADLOCK, _LOCK_WAIT_TIMEOUT)
+        kind = SERVER_ERRORS.get(code) if code is not None else None
+        if kind is None and isinstance(exc, pymysql.err.InterfaceError):
+            kind = ConnectionLostError  # pymysql's "(0, '')": the socket is already closed
+        if kind is None:
+            return None
+        return kind(f"{(kind.__doc__ or '').strip().rstrip('.')}: {exc}")

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import psycopg
+from sqlalchemy.engine import Connection
+
 from ..errors import (
     BgqError,
+    ConnectionLostError,
     DatabaseError,
     DatabaseUnavailableError,
+    DeadlockError,
     JobNotFoundError,
     JobStateError,
+    LockTimeoutError,
+    PacketTooLargeError,
     SchemaVersionError,
+    SerializationFailureError,
+    StatementCanceledError,
 )
-from . import Proc
+from . import InstalledRoutine, Proc
 
 # SQLSTATEs the functions RAISE (db/postgres/*.sql headers).
 _BGQ_ERRORS: dict[str, type[BgqError]] = {
@@ -18,9 +29,22 @@ _BGQ_ERRORS: dict[str, type[BgqError]] = {
     "BQ002": DatabaseError,
     "BQ003": JobStateError,
 }
-_RETRYABLE = {"40P01", "40001", "55P03"}  # deadlock, serialization failure, lock not available
-_UNREACHABLE_CLASS = "08"
 _NOT_INSTALLED = {"42P01", "42883"}  # undefined table; undefined function
+# The server's SQLSTATEs, by what they mean for bgq; any other class 08 state is a lost connection.
+SERVER_ERRORS: dict[str, type[DatabaseError]] = {
+    "55P03": LockTimeoutError,  # lock_not_available (lock_timeout, NOWAIT)
+    "40P01": DeadlockError,  # deadlock_detected
+    "40001": SerializationFailureError,  # serialization_failure
+    "57014": StatementCanceledError,  # query_canceled (statement_timeout, pg_cancel_backend)
+    "54000": PacketTooLargeError,  # program_limit_exceeded
+    "08001": DatabaseUnavailableError,  # sqlclient_unable_to_establish_sqlconnection
+    "08004": DatabaseUnavailableError,  # sqlserver_rejected_establishment_of_sqlconnection
+    "57P03": DatabaseUnavailableError,  # cannot_connect_now (starting up, shutting down)
+    "57P01": ConnectionLostError,  # admin_shutdown (pg_terminate_backend, smart/fast shutdown)
+    "57P02": ConnectionLostError,  # crash_shutdown
+    "25P03": ConnectionLostError,  # idle_in_transaction_session_timeout
+}
+_CONNECTION_CLASS = "08"
 
 
 class PostgresDialect:
@@ -40,6 +64,26 @@ class PostgresDialect:
     def drop_sql(self, table: str, name: str, function: bool) -> str:
         return f"DROP FUNCTION IF EXISTS {table}_{name}"
 
+    def routines(self, conn: Connection, names: Sequence[str]) -> list[InstalledRoutine]:
+        # proargmodes is NULL when every argument is IN; 'i' in, 'b' inout, 'v' variadic,
+        # 'o' out, 't' a RETURNS TABLE column.
+        rows = conn.exec_driver_sql(
+            "SELECT p.proname AS name, p.proargnames::text[] AS arg_names,"
+            " p.proargmodes::text[] AS arg_modes,"
+            " pg_get_function_arguments(p.oid) AS arguments,"
+            " md5(pg_get_functiondef(p.oid)) AS definition_digest"
+            " FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = current_schema() AND p.proname = ANY(%s)",
+            (list(names),),
+        ).all()
+        out = []
+        for name, arg_names, arg_modes, arguments, digest in rows:
+            arg_names = arg_names or []
+            modes = arg_modes or ["i"] * len(arg_names)
+            inputs = tuple(n for n, m in zip(arg_names, modes, strict=True) if m in ("i", "b", "v"))
+            out.append(InstalledRoutine(name, inputs, f"FUNCTION ({arguments})", digest))
+        return out
+
     def translate(self, exc: BaseException) -> BgqError | None:
         state = getattr(exc, "sqlstate", None)
         if state in _BGQ_ERRORS:
@@ -50,9 +94,13 @@ class PostgresDialect:
             return SchemaVersionError(
                 f"bgq is not installed for this table ({exc}): run `bgq install-procs`."
             )
-        if state and state.startswith(_UNREACHABLE_CLASS):
-            return DatabaseUnavailableError(f"Cannot reach the database: {exc}")
-        return None
-
-    def is_deadlock(self, exc: BaseException) -> bool:
-        return getattr(exc, "sqlstate", None) in _RETRYABLE
+        kind = SERVER_ERRORS.get(state) if state else None
+        if kind is None and state and state.startswith(_CONNECTION_CLASS):
+            kind = ConnectionLostError
+        if kind is None and state is None and isinstance(exc, psycopg.OperationalError):
+            # psycopg's own connection errors carry no SQLSTATE; a failed connection attempt
+            # carries the attempt's pgconn, a connection that broke later does not.
+            kind = DatabaseUnavailableError if exc.pgconn is not None else ConnectionLostError
+        if kind is None:
+            return None
+        return kind(f"{(kind.__doc__ or '').strip().rstrip('.')}: {exc}")
