@@ -125,8 +125,7 @@ class _Worker:
         self.closing = False
         self.limit: int | None = None  # cron mode: claim at most this many jobs, stop when idle
         self.deadline: float | None = None  # cron mode: claim nothing after this time.monotonic()
-        self.claimed = 0  # jobs claimed so far (the limit counts these)
-        self.ran = 0  # jobs whose callback ran
+        self.ran = 0  # jobs whose callback ran (cron mode's limit counts these and the held ones)
         self.failed = False  # cron mode: the run ended on a database error
         self.chain: tuple[str | None, int, float] = (None, 0, 0.0)  # group, hand-offs in a row, since
 
@@ -187,7 +186,10 @@ class _Worker:
         """How many more jobs this worker may claim (None: no bound); 0 past the deadline."""
         if self.deadline is not None and time.monotonic() >= self.deadline:
             return 0
-        return None if self.limit is None else max(0, self.limit - self.claimed)
+        if self.limit is None:
+            return None
+        with self.lock:
+            return max(0, self.limit - self.ran - len(self.held))
 
     def _spent(self) -> bool:
         return self._remaining() == 0
@@ -233,7 +235,7 @@ class _Worker:
         """Claim up to `size` jobs (only `group`'s head when given) and queue them; how many."""
         started = time.monotonic()
         jobs = self.queue._retrying(lambda conn: self._claim_in(conn, group, size))
-        self._hold(jobs, started, front=False)
+        self._hold(jobs, started)
         return len(jobs)
 
     def _claim_in(self, conn, group: str | None, size: int) -> list[Claimed]:  # type: ignore[no-untyped-def]
@@ -245,13 +247,11 @@ class _Worker:
             max_heads=1,
         )  # fmt: skip
 
-    def _hold(self, jobs: list[Claimed], claimed_at: float, front: bool) -> None:
-        self.claimed += len(jobs)
+    def _hold(self, jobs: list[Claimed], claimed_at: float) -> None:
+        """Queue claimed jobs behind those claimed before them (a group's successor too: the
+        jobs held longest run first, so none waits past `hold` behind a group's chain)."""
         with self.lock:
-            if front:
-                self.held.extendleft(_Held(job, claimed_at) for job in reversed(jobs))
-            else:
-                self.held.extend(_Held(job, claimed_at) for job in jobs)
+            self.held.extend(_Held(job, claimed_at) for job in jobs)
 
     def _run(self, held: _Held) -> None:
         queue, job = self.queue, held.job
@@ -274,7 +274,7 @@ class _Worker:
                 outcome,
                 then=(lambda conn: self._claim_in(conn, group, 1)) if group is not None else None,
             )
-            self._hold(successor or [], claimed_at, front=True)
+            self._hold(successor or [], claimed_at)
         elif group is not None and self._spent():
             with self.lock:  # nothing more to claim: the writer writes it
                 self.done.append(_Done(job, outcome))
@@ -320,7 +320,7 @@ class _Worker:
             return
         written, successor = done
         queue._after_finish(job.id, job.claim, outcome, _written(written, job.id), None)
-        self._hold(successor, claimed_at, front=True)
+        self._hold(successor, claimed_at)
 
     # --- writer thread ---
 
