@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import BgqError, DatabaseError, JobNotFoundError, JobStateError, SchemaVersionError
 from . import Proc
 
@@ -41,6 +43,19 @@ class MySQLDialect:
 
             return DatabaseUnavailableError(f"Cannot reach the database: {exc}")
         return None
+
+    def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
+        """innodb_lock_wait_timeout on every server; idle_transaction_timeout on MariaDB (10.3+).
+
+        MySQL 8 has no idle-in-transaction timeout: there a frozen session keeps its locks until
+        the server's `wait_timeout` (default 8 hours) ends it, though nobody waits for them longer
+        than `seconds`. Give bgq's database user a short `wait_timeout` on MySQL 8 (bgq's pool
+        pings and replaces connections the server closed) to bound it.
+        """
+        statements = [f"SET SESSION innodb_lock_wait_timeout = {int(seconds)}"]
+        if "mariadb" in str(dbapi_connection.get_server_info()).lower():
+            statements.append(f"SET SESSION idle_transaction_timeout = {int(seconds)}")
+        return statements
 
     def is_deadlock(self, exc: BaseException) -> bool:
         code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None

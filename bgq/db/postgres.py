@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import (
     BgqError,
     DatabaseError,
@@ -53,6 +55,10 @@ class PostgresDialect:
         if state and state.startswith(_UNREACHABLE_CLASS):
             return DatabaseUnavailableError(f"Cannot reach the database: {exc}")
         return None
+
+    def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
+        ms = int(seconds) * 1000
+        return [f"SET lock_timeout = {ms}", f"SET idle_in_transaction_session_timeout = {ms}"]
 
     def is_deadlock(self, exc: BaseException) -> bool:
         return getattr(exc, "sqlstate", None) in _RETRYABLE
