@@ -44,13 +44,7 @@ class Processing:
         report = ProcessReport()
         procs, cfg = self.procs, self.config
         broker = cfg.producer is not None
-        if cfg.stalled_job_timeout:
-            with self.database.transaction() as conn:
-                reaped = procs.reap(conn, cfg.queue, cfg.stalled_job_timeout, PROCESS_LIMIT)
-            for job in reaped:
-                self.log.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
-                self._send_job(job.id)
-            report.reaped = len(reaped)
+        report.reaped = len(self.reaper.run_once())
         if broker:
             with self.database.transaction() as conn:
                 released = procs.back_to_broker(conn, cfg.queue, PROCESS_LIMIT)

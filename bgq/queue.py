@@ -20,6 +20,7 @@ from .install import check_installed, install
 from .operations import Operations
 from .processing import Processing
 from .procs import NewJob, Procs
+from .reaper import Reaper
 from .states import Mode
 from .validate import new_job
 
@@ -67,6 +68,9 @@ class Queue(Processing, Operations):
         self.should_die = False
         self._bulk: _Bulk | None = None
         self._heartbeat = Heartbeat(self)  # the running job's proof of life (bgq/heartbeat.py)
+        #: Reaps stalled jobs (bgq/reaper.py): process() runs it once per run, and `bgq work` and
+        #: `bgq consume` start it on a thread of their own.
+        self.reaper = Reaper(self)
 
     # --- connection ---
 

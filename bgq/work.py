@@ -20,6 +20,8 @@ writer, for bookkeeping:
   hostage and the reaper never finds a claimed-but-unstarted job.
 - Idle: PostgreSQL waits on LISTEN (the insert trigger NOTIFYs) up to `poll` seconds; MySQL
   polls, starting at POLL_MIN seconds and doubling up to `poll`.
+- Stalled jobs (a killed worker's) are reaped by the queue's Reaper on a thread of its own, every
+  few seconds (bgq/reaper.py): no cron run is needed for that.
 - SIGTERM / SIGINT: the running job finishes and its result is written, unstarted claimed jobs
   are given back, the results are flushed, then the process exits 0.
 """
@@ -113,8 +115,12 @@ class _Worker:
     # --- main thread ---
 
     def run(self) -> int:
-        with self.queue.database.pinned():
-            return self._loop()
+        self.queue.reaper.start()  # stalled jobs are reaped without cron (bgq/reaper.py)
+        try:
+            with self.queue.database.pinned():
+                return self._loop()
+        finally:
+            self.queue.reaper.stop()
 
     def _loop(self) -> int:
         listener = self.queue.procs.listener()
