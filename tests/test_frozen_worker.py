@@ -10,6 +10,7 @@ server, after which its owner's next transaction runs on a new connection and st
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import random
@@ -22,6 +23,7 @@ import pytest
 
 from bgq import JobState
 from bgq.db import Database
+from bgq.errors import BgqError
 from bgq.procs import JobResult, Procs
 from tests import work_app
 from tests.test_work import cli  # noqa: F401  (the fixture)
@@ -201,3 +203,30 @@ def test_sigstopped_workers_hold_up_the_others_only_within_the_bound(make_queue,
         ran = [token for token, event in seq if event == "start"]
         assert ran == mine[: len(ran)], f"group {group} ran out of order"
         assert seq == [(t, ev) for t in ran for ev in ("start", "end")], f"jobs of {group} overlapped"
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pooled"])
+def test_a_session_cut_for_idling_in_a_transaction_is_replaced_at_the_next_transaction(installed, pinned):
+    """bgq work's pinned connection and a pooled one alike: the server ends a session idle in a
+    transaction for lock_timeout; the statement after the pause fails with a BgqError (the
+    transaction is gone with its locks), and the next transaction runs on a new session."""
+    db = Database(installed.url, lock_timeout=1)
+    try:
+        with db.pinned() if pinned else contextlib.nullcontext():
+            with db.transaction() as conn:
+                first = _session_id(db, conn)
+                conn.exec_driver_sql(f"SELECT id FROM {installed.table} FOR UPDATE").all()
+            with pytest.raises(BgqError), db.transaction() as conn:
+                conn.exec_driver_sql(f"SELECT id FROM {installed.table} FOR UPDATE").all()
+                time.sleep(2.5)  # frozen inside the transaction, longer than lock_timeout
+                conn.exec_driver_sql("SELECT 1").all()
+            with db.transaction() as conn:
+                assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+                assert _session_id(db, conn) != first or not pinned
+    finally:
+        db.dispose()
+
+
+def _session_id(db: Database, conn) -> int:
+    query = "SELECT CONNECTION_ID()" if db.dialect.name == "mysql" else "SELECT pg_backend_pid()"
+    return int(conn.exec_driver_sql(query).scalar())
