@@ -56,6 +56,7 @@ class Config:
     stalled_job_timeout: int = 3600
     heartbeat_interval: int = 60
     lost_message_timeout: int = 3600
+    lock_timeout: int = 5
     producer: Any = None
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("bgq"))
     allow_pickle: bool = False
@@ -173,6 +174,7 @@ def build_config(**options: Any) -> Config:
         "stalled_job_timeout",
         "heartbeat_interval",
         "lost_message_timeout",
+        "lock_timeout",
     ):
         if name in opts:
             opts[name] = _non_negative_int(name, opts[name])

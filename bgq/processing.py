@@ -46,13 +46,13 @@ class Processing:
         claims with `{table}_claim_batch` (ungrouped due jobs and the heads of idle groups, in
         (priority, id) order, then a group's next head by hand-off), so however many jobs wait
         below a group's head, the run only ever claims jobs that may run now, and PROCESS_LIMIT
-        counts the jobs claimed. In broker mode
-        it sends BACK_TO_BROKER jobs, runs BROKER_FAILED ones, promotes stuck groups' heads and
-        re-sends lost messages. `max_runtime` (seconds): no job is claimed after that.
+        counts the jobs run; the worker's reaper thread keeps reaping during a long run. In broker
+        mode it sends BACK_TO_BROKER jobs, runs BROKER_FAILED ones, promotes stuck groups' heads
+        and re-sends lost messages. `max_runtime` (seconds): no job is claimed after that.
         """
         report = ProcessReport()
         deadline = None if not max_runtime else time.monotonic() + max_runtime
-        self._reap_stalled(report)
+        report.reaped = len(self.reaper.run_once())
         if self.config.producer is None:
             self._process_claims(report, deadline)
         else:
@@ -98,17 +98,6 @@ class Processing:
                 self.log.warning(f"bgq: Lost broker message republished (ID: {job.id}).")
             self._send([(j.id, j.queue, j.priority, None) for j in lost])
             report.republished = len(lost)
-
-    def _reap_stalled(self, report: ProcessReport) -> None:
-        cfg = self.config
-        if not cfg.stalled_job_timeout:
-            return
-        with self.database.transaction() as conn:
-            reaped = self.procs.reap(conn, cfg.queue, cfg.stalled_job_timeout, PROCESS_LIMIT)
-        for job in reaped:
-            self.log.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
-            self._send_job(job.id)
-        report.reaped += len(reaped)
 
     def process_job(self, job_id: int, on_claimed: Callable[[], None] | None = None) -> str:
         """Claim one job, run its callback and write its result. Returns the claim's outcome.

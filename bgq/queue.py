@@ -21,6 +21,7 @@ from .install import check_installed, install
 from .operations import Operations
 from .processing import Processing
 from .procs import NewJob, Procs
+from .reaper import Reaper
 from .states import Mode
 from .validate import new_job
 
@@ -70,6 +71,8 @@ class Queue(Processing, Operations):
       stalled_job_timeout          s without a heartbeat before a PROCESSING job is reaped (3600; 0 = off)
       heartbeat_interval           s between heartbeat writes (60)
       lost_message_timeout         s before a READY job's lost broker message is re-sent (3600; 0 = off)
+      lock_timeout                 s a bgq session waits for a lock, or sits idle in a transaction before
+                                   the server ends it: how long a frozen worker holds others up (5; 0 = off)
       producer                     a broker producer (broker mode); None = cron mode
       logger                       a logging.Logger (default logging.getLogger("bgq"))
       allow_pickle                 store non-JSON parameters pickled (False: unpickling runs code)
@@ -86,6 +89,9 @@ class Queue(Processing, Operations):
         self.should_die = False
         self._bulk: _Bulk | None = None
         self._heartbeat = Heartbeat(self)  # the running job's proof of life (bgq/heartbeat.py)
+        #: Reaps stalled jobs (bgq/reaper.py): process() runs it once per run, and `bgq work` and
+        #: `bgq consume` start it on a thread of their own.
+        self.reaper = Reaper(self)
 
     # --- connection ---
 
@@ -97,10 +103,10 @@ class Queue(Processing, Operations):
                 from .embedded import embedded_url
 
                 url = embedded_url(self.config.data_dir)
-                self._db = Database(url, self.log)
+                self._db = Database(url, self.log, self.config.lock_timeout)
                 install(self._db, self.config.table_name)  # the embedded database is bgq's own
             else:
-                self._db = Database(url, self.log)
+                self._db = Database(url, self.log, self.config.lock_timeout)
         return self._db
 
     @property

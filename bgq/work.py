@@ -20,6 +20,8 @@ writer, for bookkeeping:
   hostage and the reaper never finds a claimed-but-unstarted job.
 - Idle: PostgreSQL waits on LISTEN (the insert trigger NOTIFYs) up to `poll` seconds; MySQL
   polls, starting at POLL_MIN seconds and doubling up to `poll`.
+- Stalled jobs (a killed worker's) are reaped by the queue's Reaper on a thread of its own, every
+  few seconds (bgq/reaper.py): no cron run is needed for that.
 - SIGTERM / SIGINT: the running job finishes and its result is written, unstarted claimed jobs
   are given back, the results are flushed, then the process exits 0.
 """
@@ -132,9 +134,14 @@ class _Worker:
     # --- main thread ---
 
     def run(self) -> int:
-        """Work until stopped; the number of jobs run."""
-        with self.queue.database.pinned():
-            self._loop()
+        """Work until stopped; the number of jobs run. Stalled jobs are reaped on a thread of the
+        worker's own meanwhile (bgq/reaper.py), so no cron is needed for that."""
+        self.queue.reaper.start()
+        try:
+            with self.queue.database.pinned():
+                self._loop()
+        finally:
+            self.queue.reaper.stop()
         return self.ran
 
     def _loop(self) -> None:

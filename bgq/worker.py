@@ -49,6 +49,7 @@ def consume(
     base = queue.config.queue_name(sub_queue)
     log = queue.log
     handled = 0
+    queue.reaper.start()  # stalled jobs are reaped without cron (bgq/reaper.py)
     try:
         while (jobs == 0 or handled < jobs) and not stop.requested and not queue.should_die:
             try:
@@ -77,6 +78,7 @@ def consume(
                 time.sleep(POLL_SECONDS)
             handled += 1
     finally:
+        queue.reaper.stop()
         consumer.close()
     return 0
 

@@ -108,21 +108,33 @@ def slow_ledger_job(token: str, grp: str | None = None, seconds: float = 0.0) ->
     _write("end", token, grp)
 
 
-def consume_ledger(url: str, table: str, ledger: str, amqp_url: str, base_queue: str, jobs: int = 0) -> None:
-    """A `bgq consume` worker process: SIGTERM stops it after the running job; 'die' stops it."""
+def slow_once_job(token: str, grp: str | None = None, seconds: float = 30.0) -> None:
+    """Slow on its first run only (a rerun finds its earlier 'start'): the job a test kills."""
+    with _ledger["engine"].connect() as conn:
+        ran_before = conn.exec_driver_sql(
+            f"SELECT COUNT(*) FROM {_ledger['table']} WHERE token = %s AND event = 'start'", (token,)
+        ).scalar_one()
+    slow_ledger_job(token, grp, 0.001 if ran_before else seconds)
+
+
+def consume_ledger(
+    url: str, table: str, ledger: str, amqp_url: str, base_queue: str, jobs: int = 0, stalled: int = 0
+) -> None:
+    """A `bgq consume` worker process: SIGTERM stops it after the running job; 'die' stops it.
+    `stalled`: its stalled_job_timeout (0: its reaper is off)."""
     from bgq.broker.rabbitmq import RabbitMQ
     from bgq.worker import GracefulStop, consume
 
     _ledger["engine"] = sa.create_engine(url)
     _ledger["table"] = ledger
     queue = Queue(
-        callbacks={"ledger": ledger_job, "slow": slow_ledger_job},
+        callbacks={"ledger": ledger_job, "slow": slow_ledger_job, "slow_once": slow_once_job},
         database_url=url,
         table_name=table,
         queue=base_queue,
         priorities=[1, 2, 3],
         producer=RabbitMQ(amqp_url),
-        stalled_job_timeout=0,
+        stalled_job_timeout=stalled,
     )
     with GracefulStop() as stop:
         code = consume(queue, None, jobs, [1, 2, 3], stop)

@@ -444,12 +444,14 @@ def test_held_jobs_are_given_back_while_a_slow_job_runs(make_queue, installed, w
             if len(held) >= 3:
                 slow.update(token=token, held=held)
                 b_may_start.set()
-                time.sleep(3.0)
+                for _ in range(6):  # longer than stalled_job_timeout: heartbeats keep it from the reapers
+                    time.sleep(0.5)
+                    queue_a.heartbeat()
                 slow["end"] = time.monotonic()
         with lock:
             runs.append((token, me, time.monotonic()))
 
-    queue_a = make_queue(callbacks={"rec": rec}, stalled_job_timeout=2)
+    queue_a = make_queue(callbacks={"rec": rec}, stalled_job_timeout=2, heartbeat_interval=0)
     ids = {f"t{n}": queue_a.publish("rec", [f"t{n}"]) for n in range(60)}
     workers(queue_a, name="A")
     assert b_may_start.wait(15), "worker A held jobs behind a running one"

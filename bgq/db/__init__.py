@@ -59,6 +59,10 @@ class Dialect(Protocol):
         DatabaseError subclass whose `retryable` says whether a retry may cure it; None when the
         code is not one bgq names."""
 
+    def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
+        """Statements run on each new connection of bgq's engine: lock waits end after `seconds`,
+        and the server cuts a session left idle inside a transaction for `seconds`."""
+
 
 def dialect_name(backend: str) -> str | None:
     """bgq's name ("mysql" or "postgres") for a SQLAlchemy backend name, or None if unsupported."""
@@ -99,10 +103,26 @@ def normalise_url(raw: str) -> sa.URL:
     return url
 
 
-class Database:
-    """bgq's own connection pool to the application's database, and the calls it makes."""
+#: Default of the Queue option `lock_timeout`, in seconds.
+LOCK_TIMEOUT = 5
 
-    def __init__(self, url: str, logger: logging.Logger | logging.LoggerAdapter | None = None) -> None:
+
+class Database:
+    """bgq's own connection pool to the application's database, and the calls it makes.
+
+    `lock_timeout` (seconds; 0 leaves the server's settings alone) bounds how long a frozen bgq
+    session (SIGSTOP, a paused VM, a partition) can hold up the others: every new connection of
+    this engine waits at most that long for a lock, and the server ends it once it has been idle
+    inside a transaction that long (MariaDB `idle_transaction_timeout`, PostgreSQL
+    `idle_in_transaction_session_timeout`; MySQL 8 has no such setting, see bgq/db/mysql.py).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        logger: logging.Logger | logging.LoggerAdapter | None = None,
+        lock_timeout: int = LOCK_TIMEOUT,
+    ) -> None:
         self.url = normalise_url(url)
         self.log = logger or logging.getLogger("bgq")
         self.dialect = dialect_for(self.url)
@@ -119,7 +139,20 @@ class Database:
         event.listen(self.engine, "handle_error", self._on_error)
         # The driver's own base exception: raw cursors (install-procs' DDL) raise it unwrapped.
         self._driver_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
+        self.lock_timeout = lock_timeout
+        if lock_timeout:
+            event.listen(self.engine, "connect", self._on_connect)
         self._local = threading.local()
+
+    def _on_connect(self, dbapi_connection: Any, _record: Any) -> None:
+        """Bound lock waits and idle transactions on bgq's own sessions (never the application's)."""
+        cursor = dbapi_connection.cursor()
+        try:
+            for statement in self.dialect.session_sql(dbapi_connection, self.lock_timeout):
+                cursor.execute(statement)
+        finally:
+            cursor.close()
+        dbapi_connection.commit()  # PostgreSQL: a SET inside a rolled-back transaction is undone
 
     def _on_error(self, context: Any) -> None:
         """A lost connection (found by the pre-ping or mid-statement) is replaced; say so loudly."""

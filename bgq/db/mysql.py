@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pymysql
 from sqlalchemy.engine import Connection
@@ -107,3 +108,16 @@ class MySQLDialect:
         if kind is None:
             return None
         return kind(f"{(kind.__doc__ or '').strip().rstrip('.')}: {exc}")
+
+    def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
+        """innodb_lock_wait_timeout on every server; idle_transaction_timeout on MariaDB (10.3+).
+
+        MySQL 8 has no idle-in-transaction timeout: there a frozen session keeps its locks until
+        the server's `wait_timeout` (default 8 hours) ends it, though nobody waits for them longer
+        than `seconds`. Give bgq's database user a short `wait_timeout` on MySQL 8 (bgq's pool
+        pings and replaces connections the server closed) to bound it.
+        """
+        statements = [f"SET SESSION innodb_lock_wait_timeout = {int(seconds)}"]
+        if "mariadb" in str(dbapi_connection.get_server_info()).lower():
+            statements.append(f"SET SESSION idle_transaction_timeout = {int(seconds)}")
+        return statements

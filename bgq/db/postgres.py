@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 from sqlalchemy.engine import Connection
@@ -104,3 +105,7 @@ class PostgresDialect:
         if kind is None:
             return None
         return kind(f"{(kind.__doc__ or '').strip().rstrip('.')}: {exc}")
+
+    def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
+        ms = int(seconds) * 1000
+        return [f"SET lock_timeout = {ms}", f"SET idle_in_transaction_session_timeout = {ms}"]

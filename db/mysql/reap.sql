@@ -1,4 +1,4 @@
--- bgq {{ table }}_reap, version 1 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_reap, version 2 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_reap(p_queue, p_timeout_s, p_limit, p_now)
@@ -12,14 +12,17 @@
 --   result.' and postponed_by = backoff(number_of_attempts) = min(16, 2^(n-1)) minutes in ms;
 --   number_of_attempts is not changed and no callback runs. Liveness is judged by updated_at
 --   (claim and heartbeats), never by pid.
--- Locks: each reaped job row only. Its group is neither locked nor woken (taking the group row
---   after the job row would invert the claim's lock order): a reaped job is claimable, so it
---   usually stays first in its group; if a better-priority job of the group is WAITING, cron
---   mode retries it and broker mode's safety net ({{ table }}_promote_waiting, run by
---   `bgq process` right after the reaper) promotes it.
+-- Locks: each stalled candidate row, FOR UPDATE SKIP LOCKED: a row another transaction holds
+--   (a frozen worker's heartbeat or finish left open) is skipped, never waited for, and is reaped
+--   by a later call once the lock is gone; so the reaper never waits for a lock. Its group is
+--   neither locked nor woken (taking the group row after the job row would invert the claim's
+--   lock order): a reaped job is claimable, so it usually stays first in its group; if a
+--   better-priority job of the group is WAITING, cron mode retries it and broker mode's safety
+--   net ({{ table }}_promote_waiting, run by `bgq process` right after the reaper) promotes it.
 -- Fencing: each UPDATE is conditional on state = 2 AND updated_at = the value read, so a
 --   heartbeat, a finish or another reaper that got there first wins.
 -- Errors: none. Idempotent: yes.
+-- MySQL 8: SKIP LOCKED needs 8.0.1+ (MariaDB 10.6+); the cursor's rows are locked at OPEN.
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
 CREATE PROCEDURE {{ table }}_reap(
     IN p_queue VARCHAR(255),
@@ -44,7 +47,8 @@ BEGIN
             AND updated_at < v_now - INTERVAL p_timeout_s SECOND
             AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
         ORDER BY id
-        LIMIT p_limit;
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED; -- noqa: PRS
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;
 
     OPEN c_stalled;

@@ -1,4 +1,4 @@
--- bgq {{ table }}_reap, version 1 (PostgreSQL 15)
+-- bgq {{ table }}_reap, version 2 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_reap(p_queue, p_timeout_s, p_limit, p_now)
@@ -13,14 +13,17 @@
 --   postponed_by = backoff(number_of_attempts) = min(16, 2^(n-1)) minutes in ms;
 --   number_of_attempts is not changed and no callback runs. Liveness is judged by updated_at
 --   (claim and heartbeats), never by pid.
--- Locks: each reaped job row only. Its group is neither locked nor woken (taking the group row
---   after the job row would invert the claim's lock order): a reaped job is claimable, so it
---   usually stays first in its group; if a better-priority job of the group is WAITING, cron
---   mode retries it and broker mode's safety net ({{ table }}_promote_waiting, run by
---   `bgq process` right after the reaper) promotes it.
+-- Locks: each stalled candidate row, FOR UPDATE SKIP LOCKED: a row another transaction holds
+--   (a frozen worker's heartbeat or finish left open) is skipped, never waited for, and is reaped
+--   by a later call once the lock is gone; so the reaper never waits for a lock. Its group is
+--   neither locked nor woken (taking the group row after the job row would invert the claim's
+--   lock order): a reaped job is claimable, so it usually stays first in its group; if a
+--   better-priority job of the group is WAITING, cron mode retries it and broker mode's safety
+--   net ({{ table }}_promote_waiting, run by `bgq process` right after the reaper) promotes it.
 -- Fencing: each UPDATE is conditional on state = 2 AND updated_at = the value read, so a
 --   heartbeat, a finish or another reaper that got there first wins.
 -- Errors: none. Idempotent: yes.
+-- MySQL 8: SKIP LOCKED needs 8.0.1+ (MariaDB 10.6+); the cursor's rows are locked at OPEN.
 -- Transaction: never commits (a function cannot). Call it inside BEGIN ... COMMIT at READ
 --   COMMITTED; the locks last until the end of the caller's transaction.
 CREATE OR REPLACE FUNCTION {{ table }}_reap(
@@ -54,6 +57,7 @@ BEGIN
           AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_')
         ORDER BY j.id
         LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
     LOOP
         -- Every expression of SET reads the row as it was before the UPDATE.
         -- The backoff exponent is capped at 5 (2^4 = 16 already): same values, no overflow.

@@ -11,6 +11,7 @@ from .helpers import (
     T0,
     at,
     background,
+    blocked_or_done,
     claim,
     claimed,
     finish,
@@ -172,9 +173,10 @@ def test_a_heartbeat_holding_the_row_makes_a_concurrent_reaper_skip_it(installed
     with background() as run, held_transaction(installed) as worker:
         assert heartbeat(installed, job, attempt, now=at(TIMEOUT_S + 1), conn=worker) is True
         reaper = run(reap, installed, at(TIMEOUT_S + 2))
-        wait_for_lock_wait(installed)  # the reaper read the old updated_at and waits for the row
+        assert not blocked_or_done(installed, reaper), "the reaper waited for the heartbeat's row"
+        assert reaper.result(timeout=5) == []
         worker.commit()
-        assert reaper.result(timeout=30) == []
+    assert reap(installed, at(TIMEOUT_S + 2)) == []
     after = row(installed, job)
     assert (after["state"], after["updated_at"], after["error_message"]) == (2, at(TIMEOUT_S + 1), None)
 

@@ -9,6 +9,7 @@ from .helpers import (
     T0,
     at,
     background,
+    blocked_or_done,
     claim,
     claimed,
     held_transaction,
@@ -18,7 +19,6 @@ from .helpers import (
     set_row,
     states,
     utc,
-    wait_for_lock_wait,
 )
 
 TIMEOUT_S = 60
@@ -148,8 +148,9 @@ def test_reaping_a_grouped_job_leaves_the_waiting_jobs_and_the_group_can_go_on(i
     assert (result.outcome, result.attempt) == ("claimed", 2)
 
 
-def test_reap_is_fenced_on_updated_at(installed):
-    """A heartbeat lands between the reaper's read and its write: the heartbeat wins, nothing is reaped."""
+def test_reap_skips_a_row_a_heartbeat_holds_and_the_heartbeat_wins(installed):
+    """A heartbeat holds the row (not committed yet): the reaper skips it without waiting; once
+    the heartbeat commits, the job is alive and nothing is reaped."""
     job = new_job(installed)
     claimed(installed, job, now=T0)
     heartbeat_at = at(TIMEOUT_S + 1)
@@ -158,9 +159,27 @@ def test_reap_is_fenced_on_updated_at(installed):
             f"UPDATE {installed.table} SET updated_at = %s WHERE id = %s AND state = 2", (heartbeat_at, job)
         )
         reaper = run(reap, installed, at(TIMEOUT_S + 2))
-        wait_for_lock_wait(installed)  # the reaper read the old updated_at and waits for the row
+        assert not blocked_or_done(installed, reaper), "the reaper waited for the held row"
+        assert reaper.result(timeout=5) == []
         worker.commit()
-        reaped = reaper.result(timeout=30)
-    assert reaped == []
+    assert reap(installed, at(TIMEOUT_S + 2)) == []
     after = row(installed, job)
     assert (after["state"], after["updated_at"], after["error_message"]) == (2, heartbeat_at, None)
+
+
+def test_reap_never_waits_for_a_frozen_worker_s_row_and_reaps_it_once_the_lock_is_gone(installed):
+    """A worker froze inside its heartbeat transaction on one of five stalled jobs: the reaper
+    returns at once with the other four reaped; when the frozen session ends (rolled back, as the
+    server does when it cuts it), the next call reaps the fifth."""
+    jobs = [new_job(installed) for _ in range(5)]
+    attempts = [claimed(installed, job, now=T0) for job in jobs]
+    frozen = jobs[2]
+    with background() as run, held_transaction(installed) as worker:
+        assert procs(installed).heartbeat(worker, frozen, attempts[2], now=at(TIMEOUT_S + 1)) is True
+        reaper = run(reap, installed, at(TIMEOUT_S + 2))
+        assert not blocked_or_done(installed, reaper), "the reaper waited for the frozen worker's row"
+        assert sorted(r.id for r in reaper.result(timeout=5)) == sorted(set(jobs) - {frozen})
+        assert states(installed, *jobs) == [4, 4, 2, 4, 4]
+        worker.rollback()
+    assert [r.id for r in reap(installed, at(TIMEOUT_S + 3))] == [frozen]
+    assert states(installed, *jobs) == [4, 4, 4, 4, 4]

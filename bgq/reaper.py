@@ -1,0 +1,82 @@
+"""The stalled-job reaper: one component that `bgq process`, `bgq work` and `bgq consume` all run.
+
+A PROCESSING job whose `updated_at` (claim or last heartbeat) is older than the queue's
+`stalled_job_timeout` belonged to a worker that died (or froze): `{table}_reap` turns it into
+TEMPORARILY_FAILED with a backoff, and in broker mode its id is sent again. The procedure skips
+rows another transaction holds (FOR UPDATE SKIP LOCKED), so a pass never waits; a skipped job is
+reaped by a later pass. Cron mode calls `run_once()` in each `process()` run; continuous workers
+`start()` a thread that calls it every REAP_INTERVAL seconds (jittered, so many workers do not
+reap in step), so stall recovery takes at most stalled_job_timeout + 1.5 * REAP_INTERVAL with any
+mix of workers, cron or none.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import threading
+from typing import TYPE_CHECKING
+
+from .errors import BgqError
+
+if TYPE_CHECKING:
+    from .procs import Reaped
+    from .queue import Queue
+
+REAP_LIMIT = 1000  # jobs one pass reaps at most
+REAP_INTERVAL = 2.0  # seconds between two passes of a continuous worker's reaper (x 0.5 .. 1.5)
+
+
+class Reaper:
+    """Reaps one queue's stalled jobs: `run_once()` now, or every `interval` s on a thread."""
+
+    def __init__(self, queue: Queue, interval: float = REAP_INTERVAL, limit: int = REAP_LIMIT) -> None:
+        if interval <= 0 or limit < 1:
+            raise ValueError("Reaper: interval must be positive and limit at least 1.")
+        self.queue = queue
+        self.interval = interval
+        self.limit = limit
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run_once(self, now: dt.datetime | None = None) -> list[Reaped]:
+        """Reap the queue's stalled jobs (and its sub-queues'); the jobs reaped. `now`: the clock
+        (None: the server's). Nothing happens when stalled_job_timeout is 0."""
+        queue, cfg = self.queue, self.queue.config
+        if not cfg.stalled_job_timeout:
+            return []
+        with queue.database.transaction() as conn:
+            reaped = queue.procs.reap(conn, cfg.queue, cfg.stalled_job_timeout, self.limit, now)
+        for job in reaped:
+            queue.log.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
+            queue._send_job(job.id)
+        return reaped
+
+    def start(self) -> None:
+        """Reap on a daemon thread of its own until stop(); a failed pass is logged and retried
+        at the next one. A no-op when stalled_job_timeout is 0 or the thread runs already."""
+        if not self.queue.config.stalled_job_timeout or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="bgq-reaper", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread (a pass under way ends first)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._stop.set()
+            thread.join(timeout)
+
+    def _loop(self) -> None:
+        # The first pass comes at a random point of the first interval: workers started together
+        # spread out.
+        pause = random.uniform(0, self.interval)
+        while not self._stop.wait(pause):
+            try:
+                self.run_once()
+            except BgqError as exc:  # the database is down: the next pass tries again
+                self.queue.log.warning(f"bgq: Reaping stalled jobs failed. ({exc})")
+            except Exception as exc:  # never let the thread die silently
+                self.queue.log.error("bgq: Reaping stalled jobs failed.", exc_info=exc)
+            pause = self.interval * random.uniform(0.5, 1.5)

@@ -1,0 +1,162 @@
+"""Continuous workers reap stalled jobs themselves: no cron needed (bgq/reaper.py), on both dialects.
+
+A worker is SIGKILLed while it runs a grouped job; nothing but the surviving workers (`bgq work`,
+or `bgq consume` with RabbitMQ) runs. The killed job must be reaped within stalled_job_timeout +
+REAP_SLACK seconds of its claim, and then the group's remaining jobs all run, in order. The
+reaped job's backoff (a minute on its first attempt, SPEC 5.11) is the spec's and is not what is
+under test: the test ends it by hand (postponed_by = 0; in broker mode also re-sending the id
+the reaper sent to the one-minute delay queue).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import multiprocessing
+import os
+import signal
+from collections import Counter
+
+import pytest
+
+from bgq import JobState
+from bgq.reaper import REAP_INTERVAL, Reaper
+from tests import ledger_worker
+from tests.conftest import AMQP_URL, state_of
+from tests.test_work import cli  # noqa: F401  (the fixture)
+from tests.test_work_concurrency import _check_groups, _publish, _unfinished
+from tests.work_app import wait_until
+
+pytestmark = pytest.mark.slow
+
+STALLED = 3
+#: The reaper's longest pause between passes (REAP_INTERVAL x 1.5) and a second for the pass.
+REAP_SLACK = 1.5 * REAP_INTERVAL + 1.0
+
+
+def _reap_delay(installed, job_id: int) -> float:
+    """Seconds from the job's claim (its last sign of life: ledger jobs send no heartbeats) to
+    its reaping, both on the server's clock."""
+    (row,) = installed.sql(
+        "SELECT state, error_message, last_attempt_at, updated_at FROM {t} WHERE id = %s", (job_id,)
+    )
+    assert row["state"] == JobState.TEMPORARILY_FAILED
+    assert row["error_message"].startswith("Job was stalled in the processing state")
+    return (row["updated_at"] - row["last_attempt_at"]) / dt.timedelta(seconds=1)
+
+
+def _wait_reaped(installed, job_id: int, what: str) -> None:
+    wait_until(
+        lambda: state_of(installed, job_id) != JobState.PROCESSING,
+        STALLED + REAP_SLACK + 10,
+        f"the killed {what}'s job to be reaped without cron",
+        interval=0.1,
+    )
+
+
+def test_bgq_work_alone_reaps_a_killed_worker_s_job_and_its_group_goes_on(make_queue, installed, cli):  # noqa: F811
+    runner = cli(stalled=STALLED)
+    specs = [("slow", "g0", 1, "slow_once")]
+    specs += [(f"k{n}", "g0", 2, "ledger") for n in range(5)]  # behind the slow job in g0
+    specs += [(f"j{n}", f"g{1 + n % 2}", 1 + n % 3, "ledger") for n in range(20)]
+    jobs = _publish(make_queue, specs)
+    procs = {p.pid: p for p in (runner.start("work"), runner.start("work"))}
+    first = wait_until(
+        lambda: next((e for e in runner.events() if e["token"] == "slow"), None), 20, "the slow job to start"
+    )
+    victim = first["pid"]
+    os.kill(victim, signal.SIGKILL)
+    procs[victim].wait(10)
+    (survivor,) = set(procs) - {victim}
+    slow_id = jobs["slow"]["id"]
+
+    _wait_reaped(installed, slow_id, "bgq work")
+    delay = _reap_delay(installed, slow_id)
+    print(f"\n{installed.db.dialect.name}: bgq work reaped the job {delay:.2f} s after its claim")
+    assert delay <= STALLED + REAP_SLACK, f"reaped {delay:.1f} s after its claim"
+    installed.sql("UPDATE {t} SET postponed_by = 0 WHERE id = %s AND state = 4", (slow_id,))  # backoff over
+    wait_until(lambda: _unfinished(installed) == 0, 20, "the group's remaining jobs to finish", interval=0.2)
+    code, _ = runner.terminate(procs[survivor], timeout=15)
+    assert code == 0, runner.output(procs[survivor])
+    assert f"bgq: Stalled job reaped. (ID: {slow_id}, PID {victim})" in runner.output(procs[survivor])
+
+    work = [e for e in runner.events() if e["event"] in ("start", "end")]
+    assert Counter(e["token"] for e in work if e["event"] == "end") == Counter(jobs.keys())
+    _check_groups(work, jobs, killed="slow")
+
+
+def _consumers(installed, ledger, base: str, count: int) -> list[multiprocessing.process.BaseProcess]:
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(
+            target=ledger_worker.consume_ledger,
+            args=(installed.url, installed.table, ledger, AMQP_URL, base),
+            kwargs={"stalled": STALLED},
+        )
+        for _ in range(count)
+    ]
+    for proc in procs:
+        proc.start()
+    return procs
+
+
+def test_bgq_consume_alone_reaps_a_killed_consumer_s_job_and_its_group_goes_on(
+    broker_queue, rabbit, installed, ledger
+):
+    queue = broker_queue(
+        callbacks={"ledger": ledger_worker.ledger_job, "slow_once": ledger_worker.slow_once_job},
+        stalled_job_timeout=STALLED,
+    )
+    slow_id = queue.publish("slow_once", ["slow", "g0"], serial_group="g0", priority=1)
+    rest = [queue.publish("ledger", [f"k{n}", "g0"], serial_group="g0", priority=2) for n in range(3)]
+    procs = {p.pid: p for p in _consumers(installed, ledger, rabbit.base, 2)}
+    try:
+        start = wait_until(
+            lambda: next(
+                (e for e in ledger_worker.read_ledger(installed.url, ledger) if e[1] == "slow"), None
+            ),
+            30,
+            "the slow job to start",
+        )
+        (victim,) = installed.sql("SELECT pid FROM {t} WHERE id = %s", (slow_id,))[0].values()
+        assert start[3] == "start" and victim in procs
+        procs[victim].kill()
+        procs[victim].join(10)
+
+        _wait_reaped(installed, slow_id, "bgq consume")
+        delay = _reap_delay(installed, slow_id)
+        print(f"\n{installed.db.dialect.name}: bgq consume reaped the job {delay:.2f} s after its claim")
+        assert delay <= STALLED + REAP_SLACK, f"reaped {delay:.1f} s after its claim"
+        # The reaper sent the id to the one-minute delay queue (its backoff); end the backoff.
+        installed.sql("UPDATE {t} SET postponed_by = 0 WHERE id = %s AND state = 4", (slow_id,))
+        queue.config.producer.publish(slow_id, rabbit.base, 1, None)
+        wait_until(
+            lambda: all(state_of(installed, i) == JobState.FINISHED for i in [slow_id, *rest]),
+            20,
+            "the group's remaining jobs to finish",
+            interval=0.2,
+        )
+    finally:
+        for proc in procs.values():
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(30)
+    starts = [
+        token for _, token, _, event in ledger_worker.read_ledger(installed.url, ledger) if event == "start"
+    ]
+    assert starts == ["slow", "slow", "k0", "k1", "k2"]
+
+
+def test_run_once_reaps_and_logs_as_process_did(make_queue, installed, caplog):
+    """The component on its own: run_once(now) reaps the stalled job and logs it at critical."""
+    queue = make_queue(stalled_job_timeout=60)
+    job = queue.publish("noop")
+    with installed.db.transaction() as conn:
+        claim = queue.procs.claim(conn, job, "general", 777, 1000, None)
+    assert claim.outcome == "claimed"
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
+    with caplog.at_level("CRITICAL", logger="bgq"):
+        reaped = Reaper(queue).run_once(later)
+    assert [(r.id, r.pid) for r in reaped] == [(job, 777)]
+    assert f"bgq: Stalled job reaped. (ID: {job}, PID 777)" in caplog.text
+    assert Reaper(queue).run_once(later) == []
+    assert Reaper(make_queue(stalled_job_timeout=0)).run_once(later) == []
