@@ -240,7 +240,7 @@ def work(
 ) -> None:
     """Continuous database worker: claim due jobs in batches and run them (SIGTERM stops it cleanly)."""
     from .broker import parse_priorities
-    from .work import run_workers
+    from .supervisor import run_workers
 
     queue = load_queue()
     assert queue is not None
