@@ -30,6 +30,7 @@ class ProcessReport:
     promoted: int = 0
     republished: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    timed_out: bool = False  # max_runtime was up: it stopped claiming before the end
 
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
@@ -38,9 +39,15 @@ class ProcessReport:
 class Processing:
     """Queue's processing side; Queue provides config, log, database, procs and the _send* methods."""
 
-    def process(self) -> ProcessReport:
+    def process(self, *, max_runtime: float | None = None) -> ProcessReport:
         """`bgq process` (cron): reap stalled jobs, run due jobs inline; in broker mode also
-        send BACK_TO_BROKER jobs, promote stuck groups' heads and re-send lost messages."""
+        send BACK_TO_BROKER jobs, promote stuck groups' heads and re-send lost messages.
+
+        `max_runtime` (seconds; None: no limit): no job is started once that much time has passed
+        since the call (a running job is not interrupted), so a run ends within about
+        max_runtime plus one job; the report's `timed_out` says so.
+        """
+        deadline = None if max_runtime is None else time.monotonic() + max_runtime
         report = ProcessReport()
         procs, cfg = self.procs, self.config
         broker = cfg.producer is not None
@@ -59,6 +66,9 @@ class Processing:
             due = procs.due_jobs(conn, cfg.queue, broker, PROCESS_LIMIT)
         for job in due:
             if self.should_die:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                report.timed_out = True
                 break
             if job.state == JobState.BACK_TO_BROKER:
                 continue  # published by back_to_broker above
