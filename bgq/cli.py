@@ -9,17 +9,44 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
+import sqlalchemy as sa
 import typer
+from typer.core import TyperGroup
 
 from .cmdlock import CommandLockedError, command_lock, lock_name, locks_dir
 from .db import Database, normalise_url
-from .errors import BgqError
+from .errors import BgqError, JobNotFoundError, JobStateError
 from .install import install
 from .queue import Queue
 
+#: `bgq process --max-runtime`'s default, in seconds: a cron run stops claiming after this.
+MAX_RUNTIME = 600
+#: `--stale-after`'s default, in seconds: a command lock held longer than this (3 x the default
+#: max runtime) is reported at CRITICAL by the run it refuses and by `bgq monitor`.
+STALE_AFTER = 3 * MAX_RUNTIME
+
+log = logging.getLogger("bgq")
+
+
+class _Commands(TyperGroup):
+    """Every command's errors end here: a BgqError, or a database or driver error that reached
+    the CLI untranslated, becomes one line `bgq: <message>` on stderr and exit code 1. Anything
+    else is a bug of bgq or of the application and keeps its traceback."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:  # typer.Exit and usage errors are not bgq's: they pass
+            message = error_message(exc)
+            if message is None:
+                raise
+            fail(message)
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="bgq: a durable background-job queue on MySQL/MariaDB or PostgreSQL.",
     no_args_is_help=True,
     add_completion=False,
@@ -31,9 +58,35 @@ class State:
     app_path: str | None = None
     database_url: str | None = None
     table: str | None = None
+    queue: Queue | None = None  # the command's queue (load_queue)
+    database: Database | None = None  # the command's database without a queue (install-procs, demo)
 
 
 state = State()
+
+
+def error_message(exc: BaseException) -> str | None:
+    """The one-line text `bgq: ...` prints for `exc`; None for an exception that is not bgq's,
+    the database's or its driver's (a bug: it keeps its traceback)."""
+    if isinstance(exc, BgqError):
+        return str(exc)
+    database = state.database
+    if database is None and state.queue is not None and state.queue.config.database_url is not None:
+        database = state.queue.database  # only builds the engine: never connects, never starts one
+    if isinstance(exc, sa.exc.DBAPIError) and database is not None:
+        return str(database.translate(exc))
+    if isinstance(exc, sa.exc.DBAPIError):
+        orig = exc.orig if exc.orig is not None else exc
+        return f"Database error: {orig}"
+    if isinstance(exc, sa.exc.SQLAlchemyError) or _is_driver_error(exc):
+        return f"Database error: {exc}"
+    return None
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    """An error of pymysql or psycopg that reached the CLI without SQLAlchemy's wrapper."""
+    module = type(exc).__module__ or ""
+    return module.split(".")[0] in ("pymysql", "psycopg") and isinstance(exc, Exception)
 
 
 @app.callback()
@@ -56,6 +109,9 @@ def options(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
+    # pika logs each failed connection attempt with a traceback; bgq reports the failure itself
+    # (BrokerError, one line), so pika speaks only with --verbose.
+    logging.getLogger("pika").setLevel(logging.INFO if verbose else logging.CRITICAL)
     state.app_path, state.database_url, state.table = app_path, database_url, table
 
 
@@ -79,11 +135,21 @@ def load_queue(required: bool = True) -> Queue | None:
     if state.database_url:
         queue.close()
         queue.config = type(queue.config)(**{**queue.config.__dict__, "database_url": state.database_url})
+    state.queue = queue
     return queue
 
 
+def one_line(message: str) -> str:
+    """`message` as one line without a leading "bgq: " (the CLI adds its own): driver messages
+    span lines (psycopg's hints), and procedures and libraries may already say "bgq: "."""
+    text = " ".join(message.split())
+    while text.lower().startswith("bgq: "):
+        text = text[5:]
+    return text
+
+
 def fail(message: str, code: int = 1) -> None:
-    typer.echo(f"bgq: {message}", err=True)
+    typer.echo(f"bgq: {one_line(message)}", err=True)
     raise typer.Exit(code)
 
 
@@ -103,14 +169,31 @@ def queue_lock_name(command: str, queue: Queue) -> str:
     return lock_name(command, cfg.table_name, cfg.queue, _database_key(cfg.database_url, cfg.data_dir))
 
 
+def stale_after_option() -> Any:
+    return typer.Option(
+        "--stale-after",
+        envvar="BGQ_STALE_AFTER",
+        min=0.0,
+        help="A command lock held longer than this many seconds (a hung run) is logged at CRITICAL.",
+    )
+
+
 @contextmanager
-def locked(name: str) -> Iterator[None]:
+def locked(name: str, stale_after: float = STALE_AFTER) -> Iterator[None]:
     """Run the body under the per-host command lock `name`; if another process holds it, say so
-    on stderr and exit 0 at once (SPEC B §10: a cron job that overlaps the previous run)."""
+    on stderr and exit 0 at once (SPEC B §10: a cron job that overlaps the previous run). A holder
+    older than `stale_after` seconds is hung (stopped, stuck in I/O): that is logged at CRITICAL
+    with its pid and age, since this host runs nothing of the command until it is gone."""
     lock = command_lock(name)
     try:
         lock.acquire()
-    except CommandLockedError:
+    except CommandLockedError as exc:
+        age = exc.age
+        if age is not None and age > stale_after:
+            log.critical(
+                f"bgq: {name} has been held by pid {exc.pid} for {age:.0f} s (over {stale_after:g} s): "
+                f"that run is hung, and no other starts on this host until it ends (lock file {exc.path})."
+            )
         typer.echo(f"bgq: {name} is already running on this host; exiting.", err=True)
         raise typer.Exit(0) from None
     except OSError as exc:
@@ -136,19 +219,16 @@ def install_procs() -> None:
             fail(f"Invalid table name {table!r}.", code=2)
         name = lock_name("install-procs", table, _database_key(state.database_url))
     with locked(name):
-        try:
-            if queue is not None:
-                changed, table, where = queue.install(), queue.config.table_name, queue.database.safe_url
+        if queue is not None:
+            changed, table, where = queue.install(), queue.config.table_name, queue.database.safe_url
+        else:
+            if state.database_url:
+                db = state.database = Database(state.database_url)
             else:
-                if state.database_url:
-                    db = Database(state.database_url)
-                else:
-                    from .embedded import embedded_url
+                from .embedded import embedded_url
 
-                    db = Database(embedded_url())
-                changed, where = install(db, table), db.safe_url
-        except BgqError as exc:
-            fail(str(exc))
+                db = state.database = Database(embedded_url())
+            changed, where = install(db, table), db.safe_url
         typer.echo(f"{'installed' if changed else 'already up to date'}: table {table} on {where}")
 
 
@@ -156,17 +236,31 @@ app.command("update-schema", help="Alias of install-procs.")(install_procs)
 
 
 @app.command()
-def process() -> None:
-    """Cron mode: reap stalled jobs, then run every due job once (run it every minute)."""
+def process(
+    max_runtime: Annotated[
+        float,
+        typer.Option(
+            "--max-runtime",
+            envvar="BGQ_MAX_RUNTIME",
+            min=0.0,
+            help="Start no job after this many seconds; the run exits (0: no limit).",
+        ),
+    ] = MAX_RUNTIME,
+    stale_after: Annotated[float, stale_after_option()] = STALE_AFTER,
+) -> None:
+    """Cron mode: reap stalled jobs, then run every due job once (run it every minute).
+
+    A run stops claiming after --max-runtime seconds (the next run goes on). A run that finds the
+    previous one still holding this host's lock exits 0; if that one has held it for longer than
+    --stale-after seconds (hung: stopped, stuck in I/O) it also logs CRITICAL with its pid and age.
+    """
     queue = load_queue()
     assert queue is not None
-    with locked(queue_lock_name("process", queue)):
-        try:
-            report = queue.process()
-        except BgqError as exc:
-            fail(str(exc))
+    with locked(queue_lock_name("process", queue), stale_after):
+        report = queue.process(max_runtime=max_runtime or None)
         done = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items())) or "nothing due"
-        typer.echo(f"processed: {done}; reaped {report.reaped}")
+        limit = f"; stopped at --max-runtime {max_runtime:g} s" if report.timed_out else ""
+        typer.echo(f"processed: {done}; reaped {report.reaped}{limit}")
 
 
 @app.command()
@@ -184,8 +278,8 @@ def requeue(
         try:
             job = queue.requeue(job_id, reason)
             typer.echo(f"requeued {job.id} (was state {job.state})")
-        except BgqError as exc:
-            typer.echo(f"bgq: job {job_id}: {exc}", err=True)
+        except (JobNotFoundError, JobStateError) as exc:  # this job's answer; the others go on
+            typer.echo(f"bgq: job {job_id}: {one_line(str(exc))}", err=True)
             failed = True
     if failed:
         raise typer.Exit(1)
@@ -210,12 +304,10 @@ def consume(
 
     queue = load_queue()
     assert queue is not None
-    try:
-        chosen = parse_priorities(priorities, queue.config.priorities)
-        with GracefulStop() as stop:
-            code = run_consumer(queue, sub_queue, jobs, chosen, stop)
-    except BgqError as exc:
-        fail(str(exc))
+    chosen = parse_priorities(priorities, queue.config.priorities)
+    _ = queue.procs  # reach the database and check the install before taking any message
+    with GracefulStop() as stop:
+        code = run_consumer(queue, sub_queue, jobs, chosen, stop)
     raise typer.Exit(code)
 
 
@@ -240,17 +332,14 @@ def work(
 ) -> None:
     """Continuous database worker: claim due jobs in batches and run them (SIGTERM stops it cleanly)."""
     from .broker import parse_priorities
-    from .work import run_workers
+    from .supervisor import run_workers
 
     queue = load_queue()
     assert queue is not None
-    try:
-        chosen = parse_priorities(priorities, queue.config.priorities) if priorities else None
-        code = run_workers(
-            lambda: queue, concurrency, sub_queue=sub_queue, priorities=chosen, batch_max=batch, poll=poll
-        )
-    except BgqError as exc:
-        fail(str(exc))
+    chosen = parse_priorities(priorities, queue.config.priorities) if priorities else None
+    code = run_workers(
+        lambda: queue, concurrency, sub_queue=sub_queue, priorities=chosen, batch_max=batch, poll=poll
+    )
     raise typer.Exit(code)
 
 
@@ -274,11 +363,8 @@ def reload_consumers(
             code=2,
         )
     with locked(queue_lock_name("reload-consumers", queue)):
-        try:
-            for _ in range(number):
-                producer.publish_die(queue.config.queue_name(sub_queue))
-        except BgqError as exc:
-            fail(str(exc))
+        for _ in range(number):
+            producer.publish_die(queue.config.queue_name(sub_queue))
         typer.echo(f"sent {number} die message(s) to {queue.config.queue_name(sub_queue)}_0")
 
 
@@ -297,21 +383,29 @@ def _stamp(value: dt.datetime) -> str:
 @app.command()
 def monitor(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (for machines).")] = False,
+    stale_after: Annotated[float, stale_after_option()] = STALE_AFTER,
 ) -> None:
-    """Report stuck jobs: temporarily and permanently failed ones, and jobs running over 24 h.
+    """Report stuck jobs: temporarily and permanently failed ones, and jobs running over 24 h;
+    and a `bgq process` of this queue on this host that has held its lock for longer than
+    --stale-after seconds (hung).
 
     Logs one record (critical for permanent failures or long runs, else warning) when any count
-    is not 0; the exit code is 0 either way. Suggested cron: once a day.
+    is not 0, and one critical record for a hung `bgq process`; the exit code is 0 either way.
+    Suggested cron: once a day (or more often, to hear of a hung run sooner).
     """
     queue = load_queue()
     assert queue is not None
-    with locked(queue_lock_name("monitor", queue)):
-        try:
-            report = queue.report_stuck_jobs()
-        except BgqError as exc:
-            fail(str(exc))
+    with locked(queue_lock_name("monitor", queue), stale_after):
+        holder = process_lock_holder(queue, stale_after)
+        if holder is not None and holder["stale"]:
+            log.critical(
+                f"bgq: bgq process has held this host's lock for {holder['age_s']:.0f} s "
+                f"(pid {holder['pid']}, over {stale_after:g} s): it is hung; no job is run or "
+                "reaped by cron on this host until it ends."
+            )
+        report = queue.report_stuck_jobs()
         if as_json:
-            payload = {}
+            payload: dict[str, Any] = {}
             for job_state, _, key in MONITOR_LINES:
                 oldest = report[job_state]["oldest_since"]
                 payload[key] = {
@@ -319,12 +413,35 @@ def monitor(
                     "count": report[job_state]["count"],
                     "oldest_since": None if oldest is None else oldest.isoformat(),
                 }
+            if holder is not None:
+                started = holder["started"]
+                payload["process_lock"] = {**holder, "started": started and started.isoformat()}
+            else:
+                payload["process_lock"] = None
             typer.echo(json.dumps(payload))
             return
         for job_state, label, _ in MONITOR_LINES:
             count, oldest = report[job_state]["count"], report[job_state]["oldest_since"]
             since = f" (oldest {_stamp(oldest)})" if count and oldest is not None else ""
             typer.echo(f"{label} ({job_state}): {count}{since}")
+        if holder is not None:
+            status = "HUNG" if holder["stale"] else "running"
+            age = "?" if holder["age_s"] is None else f"{holder['age_s']:.0f}"
+            typer.echo(f"bgq process: {status} for {age} s (pid {holder['pid']})")
+
+
+def process_lock_holder(queue: Queue, stale_after: float) -> dict[str, Any] | None:
+    """Who holds this host's `bgq process` lock of the queue: {pid, started, age_s, stale}, or None."""
+    holder = command_lock(queue_lock_name("process", queue)).holder()
+    if holder is None:
+        return None
+    age = holder.age
+    return {
+        "pid": holder.pid,
+        "started": None if holder.started is None else dt.datetime.fromtimestamp(holder.started, dt.UTC),
+        "age_s": None if age is None else round(age, 1),
+        "stale": age is not None and age > stale_after,
+    }
 
 
 @app.command("clear-finished")
@@ -341,10 +458,7 @@ def clear_finished(
     queue = load_queue()
     assert queue is not None
     with locked(queue_lock_name("clear-finished", queue)):
-        try:
-            deleted = queue.clear_finished_jobs(days)
-        except BgqError as exc:
-            fail(str(exc))
+        deleted = queue.clear_finished_jobs(days)
         typer.echo(f"deleted {deleted} finished job(s)")
 
 
@@ -364,10 +478,9 @@ def demo(
     """
     from .demo import EXPECTED, run_demo
 
-    try:
-        ran = run_demo(state.database_url, broker)
-    except BgqError as exc:
-        fail(str(exc))
+    if state.database_url:
+        state.database = Database(state.database_url)
+    ran = run_demo(state.database_url, broker)
     if ran != EXPECTED:
         fail(f"unexpected order {ran!r}")
 

@@ -1,10 +1,13 @@
 """Per-host command locking (SPEC B §10): one `bgq process` (monitor, clear-finished, ...) at a time.
 
 The lock is an flock(2) on `<locks dir>/<name>.lock`. The kernel releases it when the holder's
-file descriptor closes, also when the process is killed, so a stale lock cannot exist: the next
-run simply takes it. The holder writes its pid into the file for people (`cat` it); the pid is
-never used to decide anything. The file is never deleted: deleting a lock file that another
-process has already opened would let two processes hold "the" lock at once.
+file descriptor closes, also when the process is killed, so the lock of a dead holder cannot
+exist: the next run simply takes it. The holder writes its pid and start time into the file
+(`cat` it: "<pid> <unix time> <UTC time>"); only the flock decides who holds the lock, the file's
+text only says who that is and since when. A holder that is alive but hung (SIGSTOP, D-state
+I/O) keeps the lock: `held_for()` / CommandLockedError.age tell how long, so the refused run and
+`bgq monitor` can report it. The file is never deleted: deleting a lock file that another process
+has already opened would let two processes hold "the" lock at once.
 
 The locks directory is $BGQ_LOCKS_DIR, default ~/.cache/bgq/locks. It must be on a local file
 system (flock on NFS is not reliable everywhere). The lock is per host only, as in the original.
@@ -12,9 +15,12 @@ system (flock on NFS is not reliable everywhere). The lock is per host only, as 
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import os
 import re
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -24,15 +30,33 @@ _UNSAFE = re.compile(r"[^-a-zA-Z0-9_.]")
 _MAX_NAME = 120
 
 
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock, as its holder wrote it: pid and start (unix time); None when unknown."""
+
+    pid: int | None
+    started: float | None
+
+    @property
+    def age(self) -> float | None:
+        """Seconds since the holder took the lock (None if it did not say when)."""
+        return None if self.started is None else max(0.0, time.time() - self.started)
+
+
 class CommandLockedError(BgqError):
     """The command is already running on this host."""
 
-    def __init__(self, name: str, path: Path, pid: int | None) -> None:
-        holder = f" (pid {pid})" if pid else ""
-        super().__init__(f"{name} is already running on this host{holder}.")
+    def __init__(self, name: str, path: Path, holder: Holder) -> None:
+        who = f" (pid {holder.pid})" if holder.pid else ""
+        super().__init__(f"{name} is already running on this host{who}.")
         self.name = name
         self.path = path
-        self.pid = pid
+        self.holder = holder
+        self.pid = holder.pid
+
+    @property
+    def age(self) -> float | None:
+        return self.holder.age
 
 
 def locks_dir() -> Path:
@@ -74,14 +98,16 @@ class CommandLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = _read_pid(fd)
+            holder = _read_holder(fd)
             os.close(fd)
-            raise CommandLockedError(self.name, self.path, pid) from None
+            raise CommandLockedError(self.name, self.path, holder) from None
         except BaseException:
             os.close(fd)
             raise
+        now = time.time()
+        stamp = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} {now:.3f} {stamp}\n".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:
@@ -100,6 +126,28 @@ class CommandLock:
     def held(self) -> bool:
         return self._fd is not None
 
+    def holder(self) -> Holder | None:
+        """Who holds the lock now (another process), or None if nobody does. Never waits.
+
+        It probes with a shared flock, released at once: a run that starts in that instant is
+        refused as if the lock were held (it exits 0 and the next run goes ahead).
+        """
+        import fcntl
+
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _read_holder(fd)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
     def __enter__(self) -> CommandLock:
         self.acquire()
         return self
@@ -116,9 +164,16 @@ def command_lock(name: str, directory: Path | None = None) -> CommandLock:
     return CommandLock(name, directory)
 
 
-def _read_pid(fd: int) -> int | None:
+def _read_holder(fd: int) -> Holder:
+    """The holder's "<pid> <unix time> ..." line; what cannot be read is None (it may be
+    mid-write, or written by an older bgq that wrote the pid alone)."""
     try:
-        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        fields = os.pread(fd, 128, 0).decode(errors="replace").split()
     except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+        return Holder(None, None)
+    pid = int(fields[0]) if fields and fields[0].isdigit() else None
+    try:
+        started = float(fields[1]) if pid is not None and len(fields) > 1 else None
+    except ValueError:
+        started = None
+    return Holder(pid, started)

@@ -31,6 +31,7 @@ class ProcessReport:
     promoted: int = 0
     republished: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
+    timed_out: bool = False  # max_runtime was up: it stopped claiming before the end
 
     def count(self, outcome: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
@@ -39,7 +40,7 @@ class ProcessReport:
 class Processing:
     """Queue's processing side; Queue provides config, log, database, procs and the _send* methods."""
 
-    def process(self, max_runtime: float | None = None) -> ProcessReport:
+    def process(self, *, max_runtime: float | None = None) -> ProcessReport:
         """`bgq process` (cron): reap stalled jobs, then run due jobs inline, one at a time.
 
         Without a broker a run is `bgq work`'s loop that ends when it finds nothing to claim: it
@@ -48,10 +49,14 @@ class Processing:
         below a group's head, the run only ever claims jobs that may run now, and PROCESS_LIMIT
         counts the jobs run; the worker's reaper thread keeps reaping during a long run. In broker
         mode it sends BACK_TO_BROKER jobs, runs BROKER_FAILED ones, promotes stuck groups' heads
-        and re-sends lost messages. `max_runtime` (seconds): no job is claimed after that.
+        and re-sends lost messages.
+
+        `max_runtime` (seconds; None: no limit): no job is started once that much time has passed
+        since the call (a running job is not interrupted), so a run ends within about
+        max_runtime plus one job; the report's `timed_out` says so.
         """
+        deadline = None if max_runtime is None else time.monotonic() + max_runtime
         report = ProcessReport()
-        deadline = None if not max_runtime else time.monotonic() + max_runtime
         report.reaped = len(self.reaper.run_once())
         if self.config.producer is None:
             self._process_claims(report, deadline)
@@ -64,7 +69,7 @@ class Processing:
         until claims find nothing, PROCESS_LIMIT jobs were claimed or `deadline` passed."""
         from .work import run_until_idle  # work.py builds on Queue, of which this is a part
 
-        ran, failed = run_until_idle(self, PROCESS_LIMIT, deadline)  # type: ignore[arg-type]
+        ran, failed, report.timed_out = run_until_idle(self, PROCESS_LIMIT, deadline)  # type: ignore[arg-type]
         if ran:
             report.outcomes["claimed"] = ran
         if failed:
@@ -78,7 +83,10 @@ class Processing:
         with self.database.transaction() as conn:
             due = procs.due_jobs(conn, cfg.queue, True, PROCESS_LIMIT)
         for job in due:
-            if self.should_die or (deadline is not None and time.monotonic() >= deadline):
+            if self.should_die:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                report.timed_out = True
                 break
             if job.state == JobState.BACK_TO_BROKER:
                 continue  # published by back_to_broker above

@@ -326,7 +326,7 @@ class Procs:
     def requeue(self, conn: Connection, job_id: int, reason: str, now: dt.datetime | None = None) -> JobRef:
         rows = self._call(conn, REQUEUE, job_id, reason, now)
         if not rows:  # deleted between the procedure's two reads
-            raise JobNotFoundError(f"bgq: no such job {job_id}")
+            raise JobNotFoundError("no such job")
         row = rows[0]
         return JobRef(row["id"], row["previous_state"], row["queue"], row["priority"])
 

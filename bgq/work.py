@@ -28,15 +28,12 @@ writer, for bookkeeping:
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from types import FrameType
 
 from . import runner
 from .errors import BgqError, ConfigError
@@ -85,23 +82,28 @@ def work(
 
     `priorities`: only jobs whose priority lies between their min and max (None: all).
     """
-    if queue.config.producer is not None:
-        raise ConfigError("bgq work runs on the database alone; this queue has a broker: use `bgq consume`.")
-    if batch_max < 1 or poll <= 0:
-        raise ConfigError("bgq work: --batch must be at least 1 and --poll greater than 0.")
+    check(queue, batch_max=batch_max, poll=poll)
     base = queue.config.queue_name(sub_queue)
     _Worker(queue, base, priorities, stop or GracefulStop(), batch_max, poll).run()
     return 0
 
 
-def run_until_idle(queue: Queue, limit: int, deadline: float | None = None) -> tuple[int, bool]:
+def check(queue: Queue, *, batch_max: int = BATCH_MAX, poll: float = POLL_SECONDS, **_: object) -> None:
+    """Raise ConfigError if `work(queue, ...)` with these options cannot run (nothing is claimed)."""
+    if queue.config.producer is not None:
+        raise ConfigError("bgq work runs on the database alone; this queue has a broker: use `bgq consume`.")
+    if batch_max < 1 or poll <= 0:
+        raise ConfigError("bgq work needs --batch at least 1 and --poll greater than 0.")
+
+
+def run_until_idle(queue: Queue, limit: int, deadline: float | None = None) -> tuple[int, bool, bool]:
     """Cron mode's pass (`bgq process` without a broker): the worker's loop, claiming at most
     `limit` jobs and none after `deadline` (time.monotonic()), ending when claims find nothing.
-    Returns (jobs run, whether a claim failed on a database error)."""
+    Returns (jobs run, whether a claim failed on a database error, whether the deadline passed)."""
     worker = _Worker(queue, queue.config.queue, None, GracefulStop(), BATCH_MAX, POLL_SECONDS)
     worker.limit, worker.deadline = limit, deadline
     ran = worker.run()
-    return ran, worker.failed
+    return ran, worker.failed, deadline is not None and time.monotonic() >= deadline
 
 
 class _Worker:
@@ -395,57 +397,3 @@ def _result(done: _Done) -> JobResult:
         outcome.execution_time,
         outcome.memory,
     )
-
-
-def run_workers(make_queue: Callable[[], Queue], concurrency: int, **options: object) -> int:
-    """`bgq work --concurrency N`: N worker processes (forked), stopped together by SIGTERM/SIGINT.
-
-    A worker that dies (killed, or a crash) is started again after a second; one that exits by
-    itself (a DieException) is not. Returns the first non-zero exit code of a stopped worker, or 0.
-    """
-    if concurrency == 1:
-        queue = make_queue()
-        with GracefulStop() as stop:
-            return work(queue, stop=stop, **options)  # type: ignore[arg-type]
-    context = multiprocessing.get_context("fork")
-    stopping = threading.Event()
-
-    def start() -> multiprocessing.process.BaseProcess:
-        child = context.Process(target=_child, args=(make_queue, options), daemon=False)
-        child.start()
-        return child
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-        for child in children:
-            if child.pid is not None and child.exitcode is None:
-                os.kill(child.pid, signal.SIGTERM)
-
-    children = [start() for _ in range(concurrency)]
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    code = 0
-    try:
-        while children:
-            for child in list(children):
-                child.join(timeout=0.2)
-                if child.exitcode is None:
-                    continue
-                children.remove(child)
-                if child.exitcode != 0 and not stopping.is_set():
-                    time.sleep(1.0)
-                    children.append(start())
-                elif child.exitcode != 0 and code == 0:
-                    code = 1
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return code
-
-
-def _child(make_queue: Callable[[], Queue], options: dict) -> None:
-    queue = make_queue()
-    queue.database.engine.dispose(close=False)  # never share the parent's pooled sockets
-    with GracefulStop() as stop:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent forwards Ctrl-C as SIGTERM
-        code = work(queue, stop=stop, **options)
-    os._exit(code)

@@ -225,7 +225,8 @@ def test_clear_finished_jobs_rejects_bad_days(make_queue, installed, days):
 
 def test_checklist_103_lock_is_exclusive_and_released(tmp_path):
     with command_lock("process-x", tmp_path) as held:
-        assert (tmp_path / "process-x.lock").read_text().strip() == str(os.getpid())
+        pid, started, _ = (tmp_path / "process-x.lock").read_text().split()
+        assert int(pid) == os.getpid() and abs(float(started) - time.time()) < 60
         with pytest.raises(CommandLockedError) as caught:
             command_lock("process-x", tmp_path).acquire()
         assert caught.value.pid == os.getpid()
@@ -263,9 +264,9 @@ def test_checklist_103_a_killed_holders_lock_is_taken_over(tmp_path):
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
-    assert (tmp_path / "stale.lock").read_text().strip() == str(holder.pid)  # the dead pid stays
+    assert (tmp_path / "stale.lock").read_text().split()[0] == str(holder.pid)  # the dead pid stays
     with command_lock("stale", tmp_path):
-        assert (tmp_path / "stale.lock").read_text().strip() == str(os.getpid())
+        assert (tmp_path / "stale.lock").read_text().split()[0] == str(os.getpid())
 
 
 def test_locks_dir_comes_from_the_environment(tmp_path, monkeypatch):
@@ -360,6 +361,7 @@ def test_checklist_90_monitor_json(cli, make_queue, installed):
         "temporarily_failed": {"state": 4, "count": 0, "oldest_since": None},
         "permanently_failed": {"state": 5, "count": 1, "oldest_since": "2024-05-01T10:00:00.250000+00:00"},
         "processing_over_24h": {"state": 2, "count": 0, "oldest_since": None},
+        "process_lock": None,
     }
 
 

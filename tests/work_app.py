@@ -106,6 +106,21 @@ def queue() -> Queue:
     return built
 
 
+def crashing_queue() -> Queue:
+    """`--app tests.work_app:crashing_queue`: queue(), but no process other than the one that
+    built it can open a database connection: each forked `bgq work -c N` worker crashes at its
+    start, while the supervisor's own checks (in the building process) pass."""
+    built = queue()
+    builder = os.getpid()
+
+    def refuse(dbapi_connection: Any, record: Any) -> None:
+        if os.getpid() != builder:
+            raise RuntimeError("tests.work_app:crashing_queue: this worker cannot start")
+
+    sa.event.listen(sa.engine.Engine, "connect", refuse)
+    return built
+
+
 # --- for the tests: `bgq work` processes on this app, and waiting ---
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,7 +140,8 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 
 
 class Cli:
-    """Start `bgq --app tests.work_app:queue work ...` processes; kill whatever is left at close()."""
+    """Start `bgq --app tests.work_app:queue work ...` processes (`app=` names another factory);
+    kill whatever is left at close()."""
 
     def __init__(self, url: str, table: str, ledger: str, logs: Path, stalled: int | None = None) -> None:
         self.url, self.ledger, self.logs = url, ledger, logs
@@ -135,10 +151,10 @@ class Cli:
             self.env["BGQ_TEST_WORK_STALLED"] = str(stalled)
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
+    def start(self, *args: str, app: str = "queue") -> subprocess.Popen[bytes]:
         log = (self.logs / f"worker{len(self.procs)}.log").open("wb")
         proc = subprocess.Popen(
-            [BGQ, "--app", "tests.work_app:queue", *args],
+            [BGQ, "--app", f"tests.work_app:{app}", *args],
             cwd=ROOT,
             env=self.env,
             stdout=log,

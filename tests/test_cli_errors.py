@@ -1,0 +1,101 @@
+"""Every `bgq` command fails the same way: one line `bgq: <message>` on stderr and exit code 1."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bgq import JobState
+from tests.conftest import unique_name
+from tests.test_cli import UNREACHABLE, bgq
+from tests.test_operations import cli, job  # noqa: F401  (the fixture, and a row helper)
+
+# Every command of the CLI, run against a database nobody listens on (a closed port).
+COMMANDS = [
+    ("work",),
+    ("work", "-c", "2"),
+    ("consume",),
+    ("process",),
+    ("monitor",),
+    ("monitor", "--json"),
+    ("requeue", "1", "2"),
+    ("clear-finished",),
+    ("install-procs",),
+]
+
+
+def unreachable_app(tmp_path: Path, url: str, broker: bool = False) -> str:
+    module = unique_name("bgqdown")
+    producer = 'producer=RabbitMQ("amqp://guest:guest@127.0.0.1:1/"),' if broker else ""
+    (tmp_path / f"{module}.py").write_text(
+        textwrap.dedent(
+            f"""
+            import bgq
+            from bgq.broker.rabbitmq import RabbitMQ
+
+            queue = bgq.Queue(
+                callbacks={{"noop": lambda: None}},
+                database_url={url!r},
+                table_name="background_job",
+                queue="general",
+                {producer}
+            )
+            """
+        )
+    )
+    return module
+
+
+def assert_one_line(result) -> str:
+    assert result.returncode == 1, result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("bgq: ") and not lines[0].startswith("bgq: bgq:"), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("dialect_name", ["mysql", "postgres"])
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_against_an_unreachable_database_prints_one_line(tmp_path, dialect_name, command):
+    module = unreachable_app(tmp_path, UNREACHABLE[dialect_name])
+    env = {"BGQ_LOCKS_DIR": str(tmp_path / "locks")}
+    result = bgq("--app", f"{module}:queue", *command, pythonpath=tmp_path, env=env, timeout=90)
+    line = assert_one_line(result)
+    assert "Cannot reach the database" in line
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("dialect_name", ["mysql", "postgres"])
+def test_demo_against_an_unreachable_database_prints_one_line(dialect_name):
+    result = bgq("--database-url", UNREACHABLE[dialect_name], "demo", timeout=90)
+    assert "Cannot reach the database" in assert_one_line(result)
+
+
+def test_reload_consumers_with_an_unreachable_broker_prints_one_line(tmp_path):
+    module = unreachable_app(tmp_path, UNREACHABLE["mysql"], broker=True)
+    env = {"BGQ_LOCKS_DIR": str(tmp_path / "locks")}
+    result = bgq(
+        "--app", f"{module}:queue", "reload-consumers", "2", pythonpath=tmp_path, env=env, timeout=90
+    )
+    assert_one_line(result)
+
+
+def test_requeue_of_a_missing_job_says_so_once(cli, make_queue, installed):  # noqa: F811
+    result = cli("requeue", "999999")
+    assert result.returncode == 1
+    assert result.stderr == "bgq: job 999999: no such job\n"
+
+
+def test_requeue_goes_on_after_a_job_it_cannot_requeue(cli, make_queue, installed):  # noqa: F811
+    queue = make_queue()
+    failed = job(queue, installed, JobState.PERMANENTLY_FAILED)
+    running = job(queue, installed, JobState.PROCESSING)
+    result = cli("requeue", "999999", str(running), str(failed))
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "bgq: job 999999: no such job",
+        f"bgq: job {running}: the job is PROCESSING; its worker owns it",
+    ]
+    assert result.stdout == f"requeued {failed} (was state {int(JobState.PERMANENTLY_FAILED)})\n"
