@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -248,11 +247,3 @@ class Fleet:
                     os.killpg(proc.pid, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(5)
-
-    def count(self, predicate: Callable[[str], bool]) -> int:
-        """How many worker log files contain a line for which `predicate` holds."""
-        return sum(
-            1
-            for path in self.logs.glob("*.log")
-            if any(predicate(line) for line in path.read_text(errors="replace").splitlines())
-        )

@@ -55,7 +55,8 @@ class RunResult:
         ]  # fmt: skip
         return "| " + " | ".join(cells) + " |"
 
-    def details(self) -> list[str]:
+    def details(self, where: bool = True) -> list[str]:
+        """Evidence lines; `where`: name the kept run directory (not in the doc: it is this host's)."""
         v = self.verdict
         out = [f"- **{self.mode} / {self.dialect}** (seed {self.seed}): {v.executions} executions of "
                f"{v.published} jobs, {v.completed} completed."]  # fmt: skip
@@ -72,7 +73,7 @@ class RunResult:
         for kind, lines in sorted(v.evidence.items()):
             for line in lines:
                 out.append(f"  - {kind}: {line}")
-        if self.kept:
+        if self.kept and where:
             out.append(f"  Ledger, fault log and worker logs kept in `{self.kept}`.")
         return out
 
@@ -175,5 +176,5 @@ faults kill/stop/db/mq: SIGKILLs, SIGSTOPs, cuts of every database session, Rabb
 
 ## Evidence
 
-""" + "\n".join(line for r in results for line in r.details()) + "\n\n" + METHOD  # fmt: skip
+""" + "\n".join(line for r in results for line in r.details(where=False)) + "\n\n" + METHOD  # fmt: skip
     path.write_text(body)

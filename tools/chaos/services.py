@@ -87,10 +87,6 @@ class Server:
             )
         return out
 
-    def count_finished(self, database: str, table: str, engine: sa.Engine) -> int:
-        with engine.connect() as conn:
-            return conn.exec_driver_sql(f"SELECT COUNT(*) FROM {table} WHERE state = 3").scalar_one()
-
     def version(self) -> str:
         with self.engine.connect() as conn:
             if self.dialect == "postgres":
