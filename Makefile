@@ -9,6 +9,7 @@ STAMP  := $(VENV)/.installed
 BENCH_VENV  := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 BENCH_ARGS  ?=
+CHAOS_ARGS  ?=
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +40,11 @@ $(BENCH_STAMP): pyproject.toml tools/bench/requirements.txt
 # bgq side by side with procrastinate, pgqueuer and celery; writes docs/benchmarks.md.
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python tools/bench/run.py $(BENCH_ARGS)
+
+# Fault injection judged by an independent oracle (tools/chaos/): the full preset, every mode, both
+# dialects; writes docs/reliability.md. The reduced CI run: make chaos CHAOS_ARGS="--preset ci".
+chaos: $(STAMP)
+	$(BIN)/python -m tools.chaos --preset full $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build dist *.egg-info .pytest_cache
