@@ -54,6 +54,7 @@ class Config:
     on_error: Callable[..., Any] | None = None
     on_processing_get_metadata: Callable[..., Any] | None = None
     stalled_job_timeout: int = 3600
+    stalled_job_backoff: int | None = None
     heartbeat_interval: int = 60
     lost_message_timeout: int = 3600
     lock_timeout: int = 5
@@ -178,6 +179,8 @@ def build_config(**options: Any) -> Config:
     ):
         if name in opts:
             opts[name] = _non_negative_int(name, opts[name])
+    if opts.get("stalled_job_backoff") is not None:
+        opts["stalled_job_backoff"] = _non_negative_int("stalled_job_backoff", opts["stalled_job_backoff"])
     if not opts.get("waiting_job_expiration"):
         opts["waiting_job_expiration"] = 1000  # as in the original: 0 means the default
     notify = opts.get("notify_on_number_of_attempts")

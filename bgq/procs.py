@@ -67,7 +67,13 @@ DUE_JOBS = Proc(
 REQUEUE = Proc("requeue", (("p_id", "bigint"), ("p_reason", "text"), ("p_now", "timestamptz")))
 REAP = Proc(
     "reap",
-    (("p_queue", "varchar"), ("p_timeout_s", "integer"), ("p_limit", "integer"), ("p_now", "timestamptz")),
+    (
+        ("p_queue", "varchar"),
+        ("p_timeout_s", "integer"),
+        ("p_limit", "integer"),
+        ("p_backoff_ms", "integer"),
+        ("p_now", "timestamptz"),
+    ),
 )
 BROKER_FAILED = Proc("broker_failed", (("p_id", "bigint"), ("p_error", "text"), ("p_now", "timestamptz")))
 BACK_TO_BROKER = Proc(
@@ -331,9 +337,11 @@ class Procs:
         return JobRef(row["id"], row["previous_state"], row["queue"], row["priority"])
 
     def reap(
-        self, conn: Connection, queue: str, timeout_s: int, limit: int, now: dt.datetime | None = None
-    ) -> list[Reaped]:
-        rows = self._call(conn, REAP, queue, timeout_s, limit, now)
+        self, conn: Connection, queue: str, timeout_s: int, limit: int, now: dt.datetime | None = None,
+        *, backoff_ms: int | None = None,
+    ) -> list[Reaped]:  # fmt: skip
+        """Reap stalled jobs; each waits `backoff_ms` (None: the retry backoff by attempts)."""
+        rows = self._call(conn, REAP, queue, timeout_s, limit, backoff_ms, now)
         return [Reaped(**{**r, "stalled_since": _utc(r["stalled_since"])}) for r in rows]
 
     def broker_failed(

@@ -69,6 +69,8 @@ class Queue(Processing, Operations):
       on_before_process(params), on_after_process(params), on_error(exc, params),
       on_processing_get_metadata(params) -> JSON-able, stored in `metadata` at the claim
       stalled_job_timeout          s without a heartbeat before a PROCESSING job is reaped (3600; 0 = off)
+      stalled_job_backoff          s a reaped job waits before it runs again (None: the retry backoff,
+                                   1, 2, 4, 8, 16 min by attempts; 0: at once)
       heartbeat_interval           s between heartbeat writes (60)
       lost_message_timeout         s before a READY job's lost broker message is re-sent (3600; 0 = off)
       lock_timeout                 s a bgq session waits for a lock, or sits idle in a transaction before

@@ -45,8 +45,12 @@ class Reaper:
         queue, cfg = self.queue, self.queue.config
         if not cfg.stalled_job_timeout:
             return []
+        backoff = cfg.stalled_job_backoff
+        backoff_ms = None if backoff is None else backoff * 1000
         with queue.database.transaction() as conn:
-            reaped = queue.procs.reap(conn, cfg.queue, cfg.stalled_job_timeout, self.limit, now)
+            reaped = queue.procs.reap(
+                conn, cfg.queue, cfg.stalled_job_timeout, self.limit, now, backoff_ms=backoff_ms
+            )
         for job in reaped:
             queue.log.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
             queue._send_job(job.id)

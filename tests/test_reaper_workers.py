@@ -160,3 +160,19 @@ def test_run_once_reaps_and_logs_as_process_did(make_queue, installed, caplog):
     assert f"bgq: Stalled job reaped. (ID: {job}, PID 777)" in caplog.text
     assert Reaper(queue).run_once(later) == []
     assert Reaper(make_queue(stalled_job_timeout=0)).run_once(later) == []
+
+
+@pytest.mark.parametrize(("backoff", "postponed_ms"), [(None, 60_000), (0, 0), (7, 7000)])
+def test_stalled_job_backoff_is_the_reaped_jobs_wait(make_queue, installed, backoff, postponed_ms):
+    """Queue(stalled_job_backoff=S): a reaped job may run again after S seconds (None: the retry
+    backoff, 1 minute after one attempt), and with 0 it is claimable at once."""
+    queue = make_queue(stalled_job_timeout=60, stalled_job_backoff=backoff)
+    job = queue.publish("noop")
+    with installed.db.transaction() as conn:
+        assert queue.procs.claim(conn, job, "general", 777, 1000, None).outcome == "claimed"
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
+    assert [r.id for r in Reaper(queue).run_once(later)] == [job]
+    row = installed.sql("SELECT state, postponed_by FROM {t} WHERE id = %s", (job,))[0]
+    assert (row["state"], row["postponed_by"]) == (4, postponed_ms)
+    if backoff == 0:
+        assert queue.process().outcomes == {"claimed": 1}

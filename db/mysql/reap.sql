@@ -1,15 +1,17 @@
--- bgq {{ table }}_reap, version 2 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_reap, version 3 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
---   CALL {{ table }}_reap(p_queue, p_timeout_s, p_limit, p_now)
+--   CALL {{ table }}_reap(p_queue, p_timeout_s, p_limit, p_backoff_ms, p_now)
 --   p_queue      the base queue (its sub-queues are included).
 --   p_timeout_s  a PROCESSING job whose updated_at is older than this many seconds is stalled.
 --   p_limit      at most this many jobs per call.
+--   p_backoff_ms the postponed_by a reaped job gets (>= 0); NULL: backoff(number_of_attempts).
 --   p_now        the clock (DATETIME(6), UTC); NULL means UTC_TIMESTAMP(6).
 -- Result: rows (id, queue, priority, pid, stalled_since) of the jobs reaped, in id order.
 -- Each stalled job becomes TEMPORARILY_FAILED with error_message 'Job was stalled in the
 --   processing state since <updated_at> (PID <pid>); the consumer died without writing a
---   result.' and postponed_by = backoff(number_of_attempts) = min(16, 2^(n-1)) minutes in ms;
+--   result.' and postponed_by = p_backoff_ms, or when NULL backoff(number_of_attempts) =
+--   min(16, 2^(n-1)) minutes in ms;
 --   number_of_attempts is not changed and no callback runs. Liveness is judged by updated_at
 --   (claim and heartbeats), never by pid.
 -- Locks: each stalled candidate row, FOR UPDATE SKIP LOCKED: a row another transaction holds
@@ -28,6 +30,7 @@ CREATE PROCEDURE {{ table }}_reap(
     IN p_queue VARCHAR(255),
     IN p_timeout_s INT,
     IN p_limit INT,
+    IN p_backoff_ms INT,
     IN p_now DATETIME(6)
 )
 MODIFIES SQL DATA
@@ -66,7 +69,9 @@ BEGIN
                 DATE_FORMAT(updated_at, '%Y-%m-%d %H:%i:%s.%f'),
                 ' (PID ', COALESCE(pid, 0), '); the consumer died without writing a result.'
             ),
-            postponed_by = CAST(LEAST(16, POW(2, LEAST(number_of_attempts, 5) - 1)) * 60000 AS SIGNED),
+            postponed_by = COALESCE(
+                p_backoff_ms, CAST(LEAST(16, POW(2, LEAST(number_of_attempts, 5) - 1)) * 60000 AS SIGNED)
+            ),
             updated_at = v_now
         WHERE id = v_id AND state = 2 AND updated_at = v_updated;
         IF ROW_COUNT() > 0 THEN

@@ -1,16 +1,18 @@
--- bgq {{ table }}_reap, version 2 (PostgreSQL 15)
+-- bgq {{ table }}_reap, version 3 (PostgreSQL 15)
 --
 -- Contract
---   SELECT * FROM {{ table }}_reap(p_queue, p_timeout_s, p_limit, p_now)
+--   SELECT * FROM {{ table }}_reap(p_queue, p_timeout_s, p_limit, p_backoff_ms, p_now)
 --   p_queue      the base queue (its sub-queues are included).
 --   p_timeout_s  a PROCESSING job whose updated_at is older than this many seconds is stalled.
 --   p_limit      at most this many jobs per call.
+--   p_backoff_ms the postponed_by a reaped job gets (>= 0); NULL: backoff(number_of_attempts).
 --   p_now        the clock (TIMESTAMPTZ); NULL means clock_timestamp().
 -- Result: rows (id, queue, priority, pid, stalled_since) of the jobs reaped, in id order.
 -- Each stalled job becomes TEMPORARILY_FAILED with error_message 'Job was stalled in the
 --   processing state since <updated_at> (PID <pid>); the consumer died without writing a
 --   result.' (<updated_at> in UTC, YYYY-MM-DD HH:MM:SS.ffffff, as on MySQL) and
---   postponed_by = backoff(number_of_attempts) = min(16, 2^(n-1)) minutes in ms;
+--   postponed_by = p_backoff_ms, or when NULL backoff(number_of_attempts) = min(16, 2^(n-1))
+--   minutes in ms;
 --   number_of_attempts is not changed and no callback runs. Liveness is judged by updated_at
 --   (claim and heartbeats), never by pid.
 -- Locks: each stalled candidate row, FOR UPDATE SKIP LOCKED: a row another transaction holds
@@ -30,6 +32,7 @@ CREATE OR REPLACE FUNCTION {{ table }}_reap(
     p_queue VARCHAR,
     p_timeout_s INTEGER,
     p_limit INTEGER,
+    p_backoff_ms INTEGER,
     p_now TIMESTAMPTZ DEFAULT NULL
 )
 RETURNS TABLE (
@@ -67,8 +70,9 @@ BEGIN
             || TO_CHAR(j.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')
             || ' (PID ' || COALESCE(j.pid, 0)
             || '); the consumer died without writing a result.',
-            postponed_by
-            = (LEAST(16, POWER(2, LEAST(j.number_of_attempts, 5) - 1)) * 60000)::INTEGER,
+            postponed_by = COALESCE(
+                p_backoff_ms, (LEAST(16, POWER(2, LEAST(j.number_of_attempts, 5) - 1)) * 60000)::INTEGER
+            ),
             updated_at = v_now
         WHERE j.id = v_stalled.id AND j.state = 2 AND j.updated_at = v_stalled.updated_at;
         IF FOUND THEN

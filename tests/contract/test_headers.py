@@ -270,7 +270,7 @@ _RESULT_CALLS = {
     "promote_waiting": (PROMOTE_WAITING, lambda job: (T0,)),
     "due_jobs": (DUE_JOBS, lambda job: ("general", 0, 10, T0)),
     "requeue": (REQUEUE, lambda job: (job, "headers", T0)),
-    "reap": (REAP, lambda job: ("general", 60, 10, T0)),
+    "reap": (REAP, lambda job: ("general", 60, 10, None, T0)),
 }
 
 

@@ -24,9 +24,9 @@ from .helpers import (
 TIMEOUT_S = 60
 
 
-def reap(installed, now, *, queue="general", timeout_s=TIMEOUT_S, limit=1000):
+def reap(installed, now, *, queue="general", timeout_s=TIMEOUT_S, limit=1000, backoff_ms=None):
     with installed.db.transaction() as conn:
-        return procs(installed).reap(conn, queue, timeout_s, limit, now)
+        return procs(installed).reap(conn, queue, timeout_s, limit, now, backoff_ms=backoff_ms)
 
 
 def stalled_message(since: str, pid: int = PID) -> str:
@@ -64,6 +64,20 @@ def test_backoff_is_min_16_2_to_the_n_minus_1_minutes(installed, attempts, backo
     assert [r.id for r in reap(installed, at(TIMEOUT_S + 1))] == [job]
     after = row(installed, job)
     assert (after["postponed_by"], after["number_of_attempts"]) == (backoff_ms, attempts)
+
+
+@pytest.mark.parametrize("backoff_ms", [0, 1500])
+def test_p_backoff_ms_replaces_the_retry_backoff(installed, backoff_ms):
+    """stalled_job_backoff: a reaped job may run again after p_backoff_ms, whatever its attempts."""
+    jobs = [new_job(installed) for _ in range(2)]
+    for job in jobs:
+        claimed(installed, job, now=T0)
+    set_row(installed, jobs[1], number_of_attempts=4)
+    assert [r.id for r in reap(installed, at(TIMEOUT_S + 1), backoff_ms=backoff_ms)] == jobs
+    assert [(row(installed, j)["state"], row(installed, j)["postponed_by"]) for j in jobs] == [
+        (4, backoff_ms),
+        (4, backoff_ms),
+    ]
 
 
 def test_backoff_does_not_overflow_for_a_job_that_failed_very_often(installed):

@@ -7,6 +7,7 @@ Configured by environment variables the harness sets for each run:
   BGQ_CHAOS_LEDGER   the ledger directory: one append-only file per worker process
   BGQ_CHAOS_STALLED  stalled_job_timeout in seconds
   BGQ_CHAOS_LOST     lost_message_timeout in seconds (broker mode)
+  BGQ_CHAOS_BACKOFF  stalled_job_backoff in seconds (default 0: a reaped job may run again at once)
   BGQ_CHAOS_AMQP     if set, broker mode on this AMQP URL
 
 The one callback, `chaos(token, group, sleep_ms)`, appends `token start pid monotonic_ns wall` to its
@@ -65,6 +66,9 @@ def queue() -> Queue:
         priorities=[1, 2, 3],
         bulk_size=500,
         stalled_job_timeout=int(os.environ.get("BGQ_CHAOS_STALLED", "4")),
+        # A reaped job may run again at once (the default waits the retry backoff, a minute),
+        # so a run's tail after a kill is the stall timeout plus the reaper's interval.
+        stalled_job_backoff=int(os.environ.get("BGQ_CHAOS_BACKOFF", "0")),
         heartbeat_interval=1,
         lost_message_timeout=int(os.environ.get("BGQ_CHAOS_LOST", "8")),
         producer=producer,
