@@ -20,6 +20,7 @@ from .states import JobState, Mode
 
 T = TypeVar("T")
 PROCESS_LIMIT = 1000  # jobs per process() run, as in the original
+PERSIST_PAUSES = (0.0, 0.05, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)  # s before each try of a result write
 CLAIM_TRIES = 5  # a deadlock or lock-wait timeout in the claim is retried this many times
 
 
@@ -247,15 +248,24 @@ class Processing:
         return written[1]
 
     def _persist(self, call: Callable[[Connection], T], failure: str) -> T | None:
-        """Run `call` in a transaction, trying hard (the callback has run): after a failure
-        (logged at critical as `failure`) wait 1, 2, 4, 8 s and try again; None if all failed."""
-        for pause in (0, 1, 2, 4, 8):
+        """Run `call` in a transaction, trying hard (the callback has run): after a failure wait
+        PERSIST_PAUSES and try again; None if all failed (the job stays PROCESSING until the reaper
+        takes it back). The first retries come fast: a cut session or a deadlock is cured at once,
+        and a result must not wait so long that the reaper takes the job it belongs to. A retryable
+        error (deadlock, lock timeout, lost connection) is logged at WARNING, with `failure` as the
+        message; a non-retryable one, and the last failure, at CRITICAL with its traceback."""
+        for attempt, pause in enumerate(PERSIST_PAUSES):
             time.sleep(pause)
             try:
                 with self.database.transaction() as conn:
                     return call(conn)
             except BgqError as exc:
-                self.log.critical(failure, exc_info=exc)
+                if attempt == len(PERSIST_PAUSES) - 1:
+                    self.log.critical(f"{failure} Gave up after {attempt + 1} attempts.", exc_info=exc)
+                elif retry.retryable(exc):
+                    self.log.warning(f"{failure} ({exc})")
+                else:
+                    self.log.critical(failure, exc_info=exc)
         return None
 
     def _clone_delay(self, claim: ClaimResult, outcome: runner.Outcome) -> int | None:

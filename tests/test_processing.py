@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import time
 
 import pytest
 
@@ -366,3 +367,31 @@ def test_finished_job_promotes_its_waiting_successor(make_queue, installed):
     assert state_of(installed, first) == JobState.FINISHED
     row = _row(installed, second)
     assert row["state"] == JobState.READY and row["postponed_by"] is None
+
+
+def test_a_result_write_that_deadlocks_once_is_retried_at_once_and_not_critical(
+    make_queue, installed, caplog, monkeypatch
+):
+    """The callback has run: a retryable error on its result write (a deadlock, a cut session) is
+    retried within a fraction of a second and logged at WARNING, never CRITICAL."""
+    from bgq import DeadlockError
+
+    queue = make_queue(callbacks={"rec": Recorder()})
+    job = queue.publish("rec")
+    real_finish, failures = queue.procs.finish, []
+
+    def finish_once_deadlocked(*args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise DeadlockError("Deadlock found when trying to get lock")
+        return real_finish(*args, **kwargs)
+
+    monkeypatch.setattr(queue.procs, "finish", finish_once_deadlocked)
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="bgq"):
+        assert queue.process_job(job) == "claimed"
+    assert time.monotonic() - started < 1.0
+    assert state_of(installed, job) == JobState.FINISHED
+    warnings = [r for r in caplog.records if "Writing the result failed" in r.getMessage()]
+    assert [r.levelno for r in warnings] == [logging.WARNING]
+    assert not [r for r in caplog.records if r.levelno >= logging.CRITICAL]
