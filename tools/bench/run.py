@@ -1,6 +1,7 @@
 """Benchmarks bgq (work/cron/broker mode; PostgreSQL, MariaDB) beside procrastinate, pgqueuer and celery.
 
 Usage: python tools/bench/run.py [--jobs 10000] [--systems KEY,...] [--cases a,b,...] [--case-timeout 120]
+           [--cron-procs 4] [--cron-groups 100]
            [--latency 200] [--latency-timeout 60] [--latency-gap 0.1] [--head-sizes 1000,20000,100000]
            [--no-head-timing] [--deadline 2400] [--out docs/benchmarks.md]
 
@@ -12,6 +13,12 @@ times from "go" until the database (or, for celery, the workers' done files) rep
 then the workers get SIGTERM. The bgq work rows reuse the publish path of the bgq cron rows: when
 the cron row of the same dialect runs too, their enqueue cells say "= cron" instead of measuring
 the same calls again. The last row is the best bgq row over the best peer row, per column.
+
+Cron table (jobs/s, bgq only: no peer has a cron mode), for the bgq cron systems: K `bgq process`
+processes (--cron-procs), each with its own BGQ_LOCKS_DIR (separate hosts), each started again as
+soon as it exits, as a frequent cron would, on a backlog of N jobs (N // 10 ungrouped, the rest in
+--cron-groups groups, priorities 1-3 at random); jobs/s = N / (last callback end - first callback
+start), from times the callbacks write into a pipe.
 
 Latency table (ms): one idle worker process runs and waits; then, K times, the harness takes
 time.time() just before publish() of one job, the job's callback writes time.time() into a pipe as
@@ -28,8 +35,8 @@ workers' output (bgq work and broker workers log errors there) stays in a tempor
 name is printed.
 
 Systems (--systems): bgq-pg-work, bgq-pg-cron, bgq-pg-broker, bgq-my-work, bgq-my-cron,
-bgq-my-broker, procrastinate, pgqueuer, celery. Cases (--cases): a-f, or "none" to skip the
-throughput table; --latency 0 skips the latency table, --no-head-timing the head timing.
+bgq-my-broker, procrastinate, pgqueuer, celery. Cases (--cases): a-f, cron, or "none" to skip the
+throughput and cron tables; --latency 0 skips the latency table, --no-head-timing the head timing.
 """
 
 from __future__ import annotations
@@ -72,6 +79,9 @@ CASE_TITLES = {
     "f": "(f) 100 groups, 2 workers",
 }
 LATENCY = "L"  # the latency run's case key: one worker, no groups
+CRON = "cron"  # the cron-at-a-backlog case key: bgq cron systems only, its own table
+CRON_PRIORITIES = (1, 2, 3)
+CRON_EXIT_WAIT = 10.0  # seconds the `bgq process` runs get to end by themselves once all jobs ran
 GROUPS = {"c": None, "d": None, "e": 1, "f": 100, LATENCY: None}
 WORKERS = {"c": 1, "d": 2, "e": 2, "f": 2, LATENCY: 1}
 BULK = 500
@@ -135,6 +145,29 @@ _STAMP_FD: int | None = None  # in a latency worker: the write end of the harnes
 def stamp(seq: int) -> None:
     """The latency callback: its first statement tells the harness when it started."""
     os.write(_STAMP_FD, f"{seq} {time.time():.6f}\n".encode())
+
+
+def span(seq: int) -> None:
+    """The cron case's callback: tells the harness when it started and when it ended."""
+    os.write(_STAMP_FD, f"{seq} {time.time():.6f}\n".encode())
+    os.write(_STAMP_FD, f"{seq} {time.time():.6f} end\n".encode())
+
+
+def cron_app():
+    """The queue a `bgq process` of the cron case loads (`--app tools.bench.run:cron_app`), from
+    $BENCH_CRON_SPEC; its callbacks write into the harness's pipe, inherited as $BENCH_STAMP_FD."""
+    import bgq
+
+    global _STAMP_FD
+    spec = json.loads(os.environ["BENCH_CRON_SPEC"])
+    _STAMP_FD = int(os.environ["BENCH_STAMP_FD"])
+    return bgq.Queue(
+        callbacks={"span": span},
+        database_url=spec["url"],
+        table_name=spec["table"],
+        queue=spec["queue"],
+        priorities=CRON_PRIORITIES,
+    )
 
 
 def bounded(deadline: float) -> None:
@@ -296,6 +329,23 @@ class Bgq(System):
         finally:
             q.close()
 
+    def enqueue_backlog(self, n: int, groups: int, deadline: float) -> None:
+        """The cron case's backlog, in bulk: N // 10 ungrouped `span` jobs, the rest spread at
+        random over `groups` groups, priorities 1-3 at random, the two kinds in random id order."""
+        rng = random.Random(9)
+        kinds = [None] * (n // 10) + [f"g{rng.randrange(groups)}" for _ in range(n - n // 10)]
+        rng.shuffle(kinds)
+        q = bgq_queue(self.url, self.table, self.qname, BULK)
+        try:
+            q.start_bulk()
+            for i, group in enumerate(kinds):
+                q.publish("span", [i], serial_group=group, priority=rng.choice(CRON_PRIORITIES))
+                if i % 100 == 0:
+                    bounded(deadline)
+            q.end_bulk()
+        finally:
+            q.close()
+
     def done(self) -> int:
         with self._engine.connect() as conn:
             return conn.exec_driver_sql(f"SELECT COUNT(*) FROM {self.table} WHERE state = 3").scalar_one()
@@ -327,6 +377,20 @@ class Bgq(System):
                 uninstall(db, self.table)
             finally:
                 db.dispose()
+
+
+def bgq_queue(url: str, table: str, qname: str, bulk_size: int):
+    import bgq
+
+    return bgq.Queue(
+        callbacks={"span": span},
+        database_url=url,
+        table_name=table,
+        queue=qname,
+        bulk_size=bulk_size,
+        priorities=CRON_PRIORITIES,
+        logger=silent_logger(),
+    )
 
 
 class Procrastinate(System):
@@ -765,12 +829,15 @@ def run_processing(system: System, case: str, n: int, timeout: float, logdir: Pa
 
 
 class Stamps:
-    """Reads the "<seq> <time>" lines that the latency callbacks write into the pipe."""
+    """Reads the "<seq> <time>" lines that the latency callbacks write into the pipe (and the
+    "<seq> <time> end" lines of the cron case's callbacks)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.buffer = b""
         self.started: dict[int, float] = {}
+        self.ended: dict[int, float] = {}
+        self.repeated = 0  # start lines of a job whose start was already seen (it ran again)
         self.closed = False
 
     def wait(self, seq: int, deadline: float) -> float | None:
@@ -779,18 +846,27 @@ class Stamps:
             left = deadline - time.monotonic()
             if left <= 0 or self.closed:
                 return None
-            readable, _, _ = select.select([self.fd], [], [], left)
-            if not readable:
-                continue
-            chunk = os.read(self.fd, 65536)
-            if not chunk:  # every worker process has closed the write end: they died
-                self.closed = True
-                continue
-            *lines, self.buffer = (self.buffer + chunk).split(b"\n")
-            for line in lines:
-                number, at = line.split()
-                self.started.setdefault(int(number), float(at))
+            self.read(left)
         return self.started[seq]
+
+    def read(self, timeout: float) -> None:
+        """Take in the lines that arrive within `timeout` seconds (one read)."""
+        readable, _, _ = select.select([self.fd], [], [], timeout)
+        if not readable:
+            return
+        chunk = os.read(self.fd, 65536)
+        if not chunk:  # every worker process has closed the write end: they died
+            self.closed = True
+            return
+        *lines, self.buffer = (self.buffer + chunk).split(b"\n")
+        for line in lines:
+            number, at, *end = line.split()
+            if end:
+                self.ended[int(number)] = float(at)
+            elif int(number) in self.started:
+                self.repeated += 1
+            else:
+                self.started[int(number)] = float(at)
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -847,8 +923,95 @@ def run_latency(system: System, samples: int, timeout: float, gap: float, logdir
             os.close(write_fd)
 
 
+def bgq_command() -> str:
+    """The `bgq` console script of the interpreter that runs the benchmark."""
+    script = Path(sys.executable).with_name("bgq")
+    return str(script) if script.exists() else (shutil.which("bgq") or "bgq")
+
+
+def run_cron(system: Bgq, n: int, procs: int, groups: int, timeout: float, logdir: Path) -> dict[str, str]:
+    """`procs` slots, each running `bgq process` again as soon as the previous run exits, on a
+    backlog of `n` span jobs; jobs/s from the first callback start to the last callback end."""
+    system.enqueue_backlog(n, groups, time.monotonic() + timeout)  # untimed
+    tmp = Path(tempfile.mkdtemp(prefix="bench-bgq-cron-"))
+    read_fd, write_fd = os.pipe()
+    spec = json.dumps({"url": system.url, "table": system.table, "queue": system.qname})
+    tag = f"{system.name}-{system.mode}-{system.dialect}-{CRON}"
+    slots: list[subprocess.Popen | None] = [None] * procs
+    logs = [open(logdir / f"{tag}-{i}.log", "w") for i in range(procs)]  # noqa: SIM115 (closed below)
+    runs = failed = 0
+
+    def start(i: int) -> subprocess.Popen:
+        nonlocal runs
+        runs += 1
+        env = dict(
+            os.environ,
+            BGQ_LOCKS_DIR=str(tmp / f"locks-{i}"),  # its own per-host lock: a separate host
+            BENCH_CRON_SPEC=spec,
+            BENCH_STAMP_FD=str(write_fd),
+        )
+        return subprocess.Popen(
+            [bgq_command(), "--app", "tools.bench.run:cron_app", "process"],
+            stdout=logs[i],
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=ROOT,
+            env=env,
+            pass_fds=(write_fd,),
+        )
+
+    try:
+        stamps = Stamps(read_fd)
+        deadline = time.monotonic() + timeout
+        for i in range(procs):
+            slots[i] = start(i)
+        while len(stamps.ended) < n and time.monotonic() < deadline:
+            stamps.read(POLL)
+            for i, proc in enumerate(slots):
+                if proc is not None and proc.poll() is not None:
+                    failed += proc.returncode != 0
+                    slots[i] = start(i) if len(stamps.ended) < n else None
+        limit = time.monotonic() + CRON_EXIT_WAIT  # the last runs end once claims find nothing
+        while any(p is not None and p.poll() is None for p in slots) and time.monotonic() < limit:
+            stamps.read(POLL)
+        for proc in slots:
+            if proc is not None:
+                if proc.poll() is None:
+                    kill_group(proc, grace=STOP_GRACE)
+                failed += proc.returncode not in (0, None, -signal.SIGTERM, -signal.SIGKILL)
+        while select.select([read_fd], [], [], 0)[0] and not stamps.closed:
+            stamps.read(0)
+    finally:
+        for proc in slots:
+            if proc is not None:
+                kill_group(proc, grace=STOP_GRACE)
+        for log in logs:
+            log.close()
+        os.close(write_fd)
+        os.close(read_fd)
+        shutil.rmtree(tmp, ignore_errors=True)
+    cell = {"runs": str(runs), "failed": str(failed), "twice": str(stamps.repeated)}
+    done = len(stamps.ended)
+    if done < n:
+        cell["rate"] = f"timeout ({done}/{n} in {timeout:.0f}s)"
+        return cell
+    seconds = max(stamps.ended.values()) - min(stamps.started.values())
+    cell["rate"] = f"{n / seconds:.0f}"
+    cell["seconds"] = f"{seconds:.1f}"
+    finished = system.done()
+    if finished != n:
+        cell["rate"] += f" ({finished}/{n} rows FINISHED)"
+    return cell
+
+
 def run_system(
-    system: System, args, results: dict, latencies: dict, global_deadline: float, logdir: Path
+    system: System,
+    args,
+    results: dict,
+    latencies: dict,
+    global_deadline: float,
+    logdir: Path,
+    crons: dict | None = None,
 ) -> None:
     row = results.setdefault(system.label(), {})
     print(f"== {system.label()}", flush=True)
@@ -858,6 +1021,8 @@ def run_system(
         why = str(exc) if isinstance(exc, NotApplicable) else f"setup failed: {type(exc).__name__}"
         for c in CASES:
             row[c] = f"n/a ({why})"
+        if crons is not None and CRON in args.cases and system.mode == CRON:
+            crons[system.label()] = {"rate": f"n/a ({why})"}
         if args.latency and system.latency_supported:
             latencies[system.label()] = {"p50": f"n/a ({why})"}
         print(f"   setup failed: {exc!r}", flush=True)
@@ -907,6 +1072,8 @@ def run_system(
                 row[case] = f"error ({type(exc).__name__})"
                 print(f"   {case}: {exc!r}", flush=True)
             print(f"   {CASE_TITLES[case]}: {row[case]}  [{time.monotonic() - t0:.1f}s]", flush=True)
+        if crons is not None and CRON in args.cases and isinstance(system, Bgq) and system.mode == CRON:
+            crons[system.label()] = cron_of(system, args, global_deadline, logdir)
         if args.latency:
             latencies[system.label()] = latency_of(system, args, global_deadline, logdir)
     finally:
@@ -914,6 +1081,26 @@ def run_system(
             system.cleanup()
         except Exception as exc:
             print(f"   cleanup failed: {exc!r}", flush=True)
+
+
+def cron_of(system: Bgq, args, global_deadline: float, logdir: Path) -> dict[str, str]:
+    remaining = global_deadline - time.monotonic()
+    if remaining < 10:
+        return {"rate": "skipped (global deadline)"}
+    t0 = time.monotonic()
+    try:
+        system.reset(CRON)
+        cell = run_cron(
+            system, args.jobs, args.cron_procs, args.cron_groups, min(args.case_timeout, remaining), logdir
+        )
+    except CaseTimeout:
+        cell = {"rate": "timeout (while enqueueing, untimed)"}
+    except Exception as exc:
+        print(f"   cron: {exc!r}", flush=True)
+        cell = {"rate": f"error ({type(exc).__name__})"}
+    shown = ", ".join(f"{k} {v}" for k, v in cell.items())
+    print(f"   cron at a backlog: {shown}  [{time.monotonic() - t0:.1f}s]", flush=True)
+    return cell
 
 
 def latency_of(system: System, args, global_deadline: float, logdir: Path) -> dict[str, str]:
@@ -978,6 +1165,17 @@ def table(results: dict, n: int) -> str:
         lines.append(f"| {label} | " + " | ".join(row.get(c, "") for c in CASES) + " |")
     ratios = [ratio(results, c, n) for c in CASES]
     lines.append("| **bgq best / best peer** | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
+def cron_table(crons: dict) -> str:
+    lines = [
+        "| system / mode / dialect | jobs/s | seconds | runs | runs that failed | jobs run twice |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, cell in crons.items():
+        cols = [cell.get(k, "") for k in ("rate", "seconds", "runs", "failed", "twice")]
+        lines.append(f"| {label} | " + " | ".join(cols) + " |")
     return "\n".join(lines)
 
 
@@ -1065,7 +1263,9 @@ def head_timing(sizes: str, remaining: float) -> str:
         return f"(timeout after {limit:.0f}s)"
 
 
-def write_doc(path: Path, args, md: str, latency_md: str, head: str, started_at: str, total: float) -> None:
+def write_doc(
+    path: Path, args, md: str, cron_md: str, latency_md: str, head: str, started_at: str, total: float
+) -> None:
     nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     options = " ".join(sys.argv[1:]) or "(defaults)"
     gap_lo, gap_hi = 0.5 * args.latency_gap * 1000, 1.5 * args.latency_gap * 1000
@@ -1117,6 +1317,31 @@ timed out: a peer that had not done N jobs after T s runs at less than N / T job
 ratio to it is at least x.
 
 {md}
+
+## Cron mode at a backlog (jobs/s)
+
+bgq only, so there is no peer column and no ratio: none of procrastinate, pgqueuer and celery has a
+cron mode (a command that a scheduler starts, which runs what is due and exits); they have only
+continuous workers, which the throughput table compares.
+
+For each dialect a backlog of N = {args.jobs} jobs is enqueued first (untimed, `start_bulk()`):
+{args.jobs // 10} of them (N // 10) without a group, the others each in one of G =
+{args.cron_groups} groups chosen at random (`serial_group="g<k>"`), every job with a random
+priority of 1, 2 or 3, the two kinds in random id order. Then K = {args.cron_procs} slots each run
+`bgq process` (the console script, `--app` a queue with the same table), each slot with its own
+`BGQ_LOCKS_DIR`, so that no run is refused by another's per-host lock: they act as K hosts. A slot
+starts `bgq process` again as soon as the previous run exits, as a cron that starts it every few
+seconds would, without the wait. A run is `bgq work`'s loop that ends when its claims find nothing
+or after 1,000 jobs, so a backlog over K × 1,000 jobs takes several runs per slot, and every run
+after a slot's first includes a new process's start (Python, imports, connecting, the
+installed-procedures check). Each job's callback writes `time.time()` into a pipe as its first and
+its last statement; jobs/s is N / (last callback end - first callback start), `seconds` is that
+span. `runs` counts every `bgq process` started, `runs that failed` those that exited with a status
+other than 0, `jobs run twice` callbacks that started for a job whose callback had already started
+(0 expected). A cell that does not finish within the per-case timeout shows `timeout (done/N in
+…)`; a row count other than N in state FINISHED at the end is shown beside the figure.
+
+{cron_md}
 
 ## Single-job latency (ms)
 
@@ -1175,8 +1400,14 @@ def main() -> None:
     parser.add_argument(
         "--systems", default=",".join(SYSTEMS), help=f"comma-separated, in run order: {','.join(SYSTEMS)}"
     )
-    parser.add_argument("--cases", default=",".join(CASES), help='throughput cases: a-f, or "none"')
+    parser.add_argument(
+        "--cases", default=",".join([*CASES, CRON]), help='throughput cases: a-f, cron, or "none"'
+    )
     parser.add_argument("--case-timeout", type=float, default=120.0, help="seconds per case")
+    parser.add_argument(
+        "--cron-procs", type=int, default=4, help="cron case: `bgq process` processes (K), each a host"
+    )
+    parser.add_argument("--cron-groups", type=int, default=100, help="cron case: serial groups (G)")
     parser.add_argument(
         "--latency", type=int, default=200, help="single-job latency samples per system (0: none)"
     )
@@ -1196,9 +1427,11 @@ def main() -> None:
         return
     args.cases = set() if args.cases == "none" else set(args.cases.split(","))
     keys = args.systems.split(",")
-    unknown = sorted((args.cases - set(CASES)) | (set(keys) - set(SYSTEMS)))
+    unknown = sorted((args.cases - set(CASES) - {CRON}) | (set(keys) - set(SYSTEMS)))
     if unknown:
         parser.error(f"unknown case or system: {', '.join(unknown)}")
+    if args.cron_procs < 1 or args.cron_groups < 1:
+        parser.error("--cron-procs and --cron-groups must be at least 1")
 
     started_at = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
     t_start = time.monotonic()
@@ -1218,16 +1451,25 @@ def main() -> None:
     print(f"N = {args.jobs}; worker logs in {logdir}", flush=True)
     results: dict[str, dict[str, str]] = {}
     latencies: dict[str, dict[str, str]] = {}
+    crons: dict[str, dict[str, str]] = {}
     for key in keys:
         system = factories[key]()
         cron = key.replace("-work", "-cron")
         if key.endswith("-work") and cron in keys:
             system.enqueue_same_as = factories[cron]().label()
-        run_system(system, args, results, latencies, global_deadline, logdir)
+        run_system(system, args, results, latencies, global_deadline, logdir, crons)
     md = table(results, args.jobs)
+    if crons:
+        cron_md = cron_table(crons)
+    elif CRON in args.cases:
+        cron_md = "(not measured: no bgq cron system in --systems)"
+    else:
+        cron_md = "(not measured: not in --cases)"
     latency_md = latency_table(latencies) if latencies else "(not measured: --latency 0)"
     print()
     print(md)
+    print()
+    print(cron_md)
     print()
     print(latency_md, flush=True)
     if args.no_head_timing:
@@ -1237,7 +1479,7 @@ def main() -> None:
     print()
     print(head)
     total = time.monotonic() - t_start
-    write_doc(Path(args.out), args, md, latency_md, head, started_at, total)
+    write_doc(Path(args.out), args, md, cron_md, latency_md, head, started_at, total)
     took = dt.timedelta(seconds=round(total))
     print(f"\nwrote {args.out}; worker logs in {logdir}; total {total:.0f} s ({took})")
 
