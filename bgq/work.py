@@ -138,12 +138,13 @@ class _Worker:
     def run(self) -> int:
         """Work until stopped; the number of jobs run. Stalled jobs are reaped on a thread of the
         worker's own meanwhile (bgq/reaper.py), so no cron is needed for that."""
-        self.queue.reaper.start()
-        try:
-            with self.queue.database.pinned():
+        self.queue.procs  # noqa: B018 (checks the install in a transaction of its own, first)
+        with self.queue.database.pinned():
+            self.queue.reaper.start()  # once the database answered: a worker that cannot connect
+            try:  # fails once, not once per thread
                 self._loop()
-        finally:
-            self.queue.reaper.stop()
+            finally:
+                self.queue.reaper.stop()
         return self.ran
 
     def _loop(self) -> None:
