@@ -49,8 +49,8 @@ PRESETS: dict[str, dict[str, object]] = {
         lost_timeout=15, out=None,
     ),
     "full": dict(
-        jobs=20000, groups=120, ungrouped_share=0.15, workers=6, seconds=300.0, stalled_timeout=4,
-        kill_every=5.0, stop_every=20.0, dbkill_every=15.0, broker_restarts=3, drain=200.0,
+        jobs=20000, groups=120, ungrouped_share=0.15, workers=6, seconds=900.0, stalled_timeout=4,
+        kill_every=5.0, stop_every=20.0, dbkill_every=15.0, broker_restarts=3, drain=800.0,
         lost_timeout=60, out="docs/reliability.md",
     ),
 }  # fmt: skip
@@ -61,7 +61,7 @@ PRESETS: dict[str, dict[str, object]] = {
 #: more time (full).
 MODE_SIZES: dict[str, dict[str, dict[str, float]]] = {
     "ci": {"broker": {"jobs": 400, "groups": 10}},
-    "full": {"broker": {"seconds": 900.0, "drain": 800.0}},
+    "full": {"broker": {"seconds": 1500.0, "drain": 1400.0}},
 }
 
 
@@ -123,7 +123,7 @@ def schedule(args: argparse.Namespace, mode: str, rng: random.Random) -> list[tu
     if mode == "broker" and args.broker_restarts:
         step = (end - 6.0) / args.broker_restarts
         out += [
-            (round(5.0 + i * step + rng.uniform(0, step / 3), 2), "broker")
+            (round(3.0 + i * step + rng.uniform(0, min(2.0, step / 3)), 2), "broker")
             for i in range(args.broker_restarts)
         ]
     return sorted(out)
