@@ -179,12 +179,6 @@ def build_config(**options: Any) -> Config:
     ):
         if name in opts:
             opts[name] = _non_negative_int(name, opts[name])
-    stalled = opts.get("stalled_job_timeout", Config.stalled_job_timeout)
-    lock = opts.get("lock_timeout", Config.lock_timeout)
-    if stalled and lock:
-        # A result write may wait lock_timeout for a frozen session's lock, then retry: kept well
-        # under stalled_job_timeout, or the reaper takes a job whose result is on its way.
-        opts["lock_timeout"] = min(lock, max(1, stalled // 3))
     if opts.get("stalled_job_backoff") is not None:
         opts["stalled_job_backoff"] = _non_negative_int("stalled_job_backoff", opts["stalled_job_backoff"])
     if not opts.get("waiting_job_expiration"):

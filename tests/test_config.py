@@ -282,12 +282,3 @@ def test_config_error_is_a_bgq_error_and_value_error():
     with pytest.raises(ValueError):
         make(bulk_size=0)
 
-
-@pytest.mark.parametrize(
-    ("stalled", "lock", "effective"),
-    [(3600, 5, 5), (4, 5, 1), (30, 20, 10), (1, 5, 1), (0, 5, 5), (60, 0, 0)],
-)
-def test_lock_timeout_stays_well_under_stalled_job_timeout(stalled, lock, effective):
-    """A result write held up by a frozen session must land before the reaper takes its job."""
-    config = build_config(callbacks={"noop": lambda: None}, stalled_job_timeout=stalled, lock_timeout=lock)
-    assert config.lock_timeout == effective

@@ -5,7 +5,7 @@ Configured by environment variables the harness sets for each run:
   BGQ_CHAOS_TABLE    the jobs table
   BGQ_CHAOS_QUEUE    the base queue name (broker mode: the RabbitMQ queue prefix too)
   BGQ_CHAOS_LEDGER   the ledger directory: one append-only file per worker process
-  BGQ_CHAOS_STALLED  stalled_job_timeout in seconds
+  BGQ_CHAOS_STALLED  stalled_job_timeout in seconds (default 8)
   BGQ_CHAOS_LOST     lost_message_timeout in seconds (broker mode)
   BGQ_CHAOS_BACKOFF  stalled_job_backoff in seconds (default 0: a reaped job may run again at once)
   BGQ_CHAOS_AMQP     if set, broker mode on this AMQP URL
@@ -65,7 +65,11 @@ def queue() -> Queue:
         queue=os.environ["BGQ_CHAOS_QUEUE"],
         priorities=[1, 2, 3],
         bulk_size=500,
-        stalled_job_timeout=int(os.environ.get("BGQ_CHAOS_STALLED", "4")),
+        stalled_job_timeout=int(os.environ.get("BGQ_CHAOS_STALLED", "8")),
+        # A frozen session is cut after 2 s idle in its transaction, and nobody waits longer than
+        # that for its locks: well under stalled_job_timeout, so a result that a frozen peer held
+        # up still lands before the reaper takes its job.
+        lock_timeout=2,
         # A reaped job may run again at once (the default waits the retry backoff, a minute),
         # so a run's tail after a kill is the stall timeout plus the reaper's interval.
         stalled_job_backoff=int(os.environ.get("BGQ_CHAOS_BACKOFF", "0")),

@@ -115,10 +115,10 @@ table says every job is FINISHED, or at `--seconds`. Then every worker gets SIGT
 grace period), the end state of bgq's table is read, and the database and broker queues are dropped
 (also after a failure or Ctrl-C).
 
-The app (`tools/chaos/app.py`) runs with `stalled_job_timeout` 4 s, `stalled_job_backoff` 0 (a
-reaped job may run again at once), `lock_timeout` 1 s (bgq lowers its default of 5 s to a third of
-`stalled_job_timeout`), `heartbeat_interval` 1 s and priorities 1-3 (`lost_message_timeout`: 15 s
-in the ci preset, 60 s in the full one). Its
+The app (`tools/chaos/app.py`) runs with `stalled_job_timeout` 8 s, `stalled_job_backoff` 0 (a
+reaped job may run again at once), `lock_timeout` 2 s (a frozen session is cut after 2 s idle in
+its transaction, and nobody waits longer for its locks), `heartbeat_interval` 1 s and priorities
+1-3 (`lost_message_timeout`: 15 s in the ci preset, 60 s in the full one). Its
 callback sleeps 1-5 ms between two lines it appends to a ledger file of its own process
 (`token start|end pid monotonic_ns wall`, one `write(2)` on an `O_APPEND` file): the ledger is not
 bgq's table. The oracle (`tools/chaos/oracle.py`, unit-tested in

@@ -44,12 +44,12 @@ MODES = ["cron", "work", "broker", "mixed"]
 DIALECTS = ["mysql", "postgres"]
 PRESETS: dict[str, dict[str, object]] = {
     "ci": dict(
-        jobs=1200, groups=20, ungrouped_share=0.1, workers=4, seconds=60.0, stalled_timeout=4,
+        jobs=1200, groups=20, ungrouped_share=0.1, workers=4, seconds=60.0, stalled_timeout=8,
         kill_every=4.0, stop_every=12.0, dbkill_every=9.0, broker_restarts=1, drain=35.0,
         lost_timeout=15, out=None,
     ),
     "full": dict(
-        jobs=20000, groups=120, ungrouped_share=0.15, workers=6, seconds=900.0, stalled_timeout=4,
+        jobs=20000, groups=120, ungrouped_share=0.15, workers=6, seconds=900.0, stalled_timeout=8,
         kill_every=5.0, stop_every=20.0, dbkill_every=15.0, broker_restarts=3, drain=800.0,
         lost_timeout=60, out="docs/reliability.md",
     ),
