@@ -281,4 +281,3 @@ def test_config_error_is_a_bgq_error_and_value_error():
         make(bulk_size=0)
     with pytest.raises(ValueError):
         make(bulk_size=0)
-
