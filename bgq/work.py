@@ -59,6 +59,7 @@ class _Held:
 
     job: Claimed
     claimed_at: float  # time.monotonic() taken before the claim's transaction began
+    held_since: float  # time.monotonic() once the claim had returned: `hold` counts from here
 
 
 @dataclass
@@ -261,7 +262,8 @@ class _Worker:
         """Queue claimed jobs behind those claimed before them (a group's successor too: the
         jobs held longest run first, so none waits past `hold` behind a group's chain)."""
         with self.lock:
-            self.held.extend(_Held(job, claimed_at) for job in jobs)
+            now = time.monotonic()  # a slow claim must not make its own jobs stale on arrival
+            self.held.extend(_Held(job, claimed_at, now) for job in jobs)
 
     def _run(self, held: _Held) -> None:
         queue, job = self.queue, held.job
@@ -351,14 +353,14 @@ class _Worker:
                 return
 
     def _stale(self) -> bool:
-        return bool(self.held) and time.monotonic() - self.held[0].claimed_at > self.hold
+        return bool(self.held) and time.monotonic() - self.held[0].held_since > self.hold
 
     def _release_stale(self) -> None:
         """Give back claimed jobs that waited too long to start (the lock is held)."""
         now = time.monotonic()
         keep: deque[_Held] = deque()
         for held in self.held:
-            if now - held.claimed_at > self.hold:
+            if now - held.held_since > self.hold:
                 self.done.append(_Done(held.job, None))
             else:
                 keep.append(held)

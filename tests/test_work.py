@@ -580,3 +580,22 @@ def test_cli_postgres_notify_wakes_an_idle_worker(make_queue, installed, cli, di
     proc.send_signal(signal.SIGTERM)
     installed.sql("NOTIFY {t}")  # an idle worker sees SIGTERM at its next wake-up
     assert proc.wait(10) == 0, runner.output(proc)
+
+
+def test_a_claim_slower_than_the_hold_still_runs_its_jobs(make_queue, installed, workers, monkeypatch):
+    """A claim that takes longer than the hold (a loaded server, a large backlog) must not make its
+    own jobs stale on arrival: once they were given back unstarted, claimed again, and none ran."""
+    ran: list[int] = []
+    queue = make_queue(callbacks={"rec": ran.append}, stalled_job_timeout=2)  # hold: 1 s
+    ids = [queue.publish("rec", [n]) for n in range(3)]
+    real = queue.procs.finish_and_claim
+
+    def slow_claim(*args, **kwargs):
+        result = real(*args, **kwargs)
+        time.sleep(1.3)  # inside the claim's transaction, before its commit
+        return result
+
+    monkeypatch.setattr(queue.procs, "finish_and_claim", slow_claim)
+    workers(queue)
+    wait_until(lambda: len(ran) == len(ids), 30, "every job to run")
+    assert sorted(ran) == [0, 1, 2]
