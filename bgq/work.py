@@ -267,6 +267,8 @@ class _Worker:
 
     def _run(self, held: _Held) -> None:
         queue, job = self.queue, held.job
+        if not self._still_ours(held):
+            return
         if queue.config.on_processing_get_metadata is not None:
             queue._store_metadata(job.id, job.claim.attempt or 0)
         started = time.monotonic()
@@ -299,6 +301,23 @@ class _Worker:
                 self.wake.notify()
         if outcome.die:
             queue.should_die = True
+
+    def _still_ours(self, held: _Held) -> bool:
+        """A job claimed more than half of stalled_job_timeout ago (this process was frozen, or
+        its claim was slow) may have been reaped and run by another worker meanwhile: a fenced
+        heartbeat says whether the claim still holds (and renews it) before the callback starts.
+        time.monotonic() counts the time a process spent stopped."""
+        timeout = self.queue.config.stalled_job_timeout
+        if not timeout or time.monotonic() - held.claimed_at <= timeout / 2:
+            return True
+        with self.queue.database.transaction() as conn:
+            alive = self.queue.procs.heartbeat(conn, held.job.id, held.job.claim.attempt or 0)
+        if not alive:
+            self.queue.log.warning(
+                f"bgq: The job was taken over before it started (reaped while this worker was held "
+                f"up); left alone. (ID: {held.job.id})"
+            )
+        return alive
 
     def _hand_off(self, job: Claimed, outcome: runner.Outcome, group: str) -> None:
         """Write a grouped job's result and claim its group's next head for this worker, in one

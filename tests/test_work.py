@@ -6,6 +6,7 @@ In-process: `bgq.work.work(queue, stop=...)` runs in a thread and stops when the
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -599,3 +600,30 @@ def test_a_claim_slower_than_the_hold_still_runs_its_jobs(make_queue, installed,
     workers(queue)
     wait_until(lambda: len(ran) == len(ids), 30, "every job to run")
     assert sorted(ran) == [0, 1, 2]
+
+
+def test_a_job_reaped_before_it_started_is_not_run_by_the_late_worker(make_queue, installed, caplog):
+    """A worker frozen between claiming a job and starting it (SIGSTOP, a paused VM) finds, when it
+    resumes past half of stalled_job_timeout, that the job was reaped and claimed by another
+    worker: it must not run the callback a second time (found by make chaos, cron mode)."""
+    from bgq.work import _Held, _Worker
+
+    ran: list[int] = []
+    queue = make_queue(callbacks={"rec": ran.append}, stalled_job_timeout=2)
+    job = queue.publish("rec", [1])
+    with installed.db.transaction() as conn:
+        (claimed,) = queue.procs.claim_batch(conn, "general", 1, 1, None, None, None, 1000)
+    frozen_for = 5.0  # claimed "5 s ago", as a stopped process sees it on resume
+    with installed.db.transaction() as conn:  # meanwhile: reaped, then claimed by another worker
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
+        assert [r.id for r in queue.procs.reap(conn, "general", 2, 10, later, backoff_ms=0)] == [job]
+    with installed.db.transaction() as conn:
+        assert queue.procs.claim(conn, job, "general", 2, 1000, None).outcome == "claimed"
+    worker = _Worker(queue, "general", None, Stop(), 1, 1.0)  # type: ignore[arg-type]
+    held = _Held(claimed, time.monotonic() - frozen_for, time.monotonic())
+    with caplog.at_level(logging.WARNING, logger="bgq"):
+        worker._run(held)
+    assert ran == [], "the late worker ran a job another worker owns"
+    assert "taken over before it started" in caplog.text
+    row = installed.sql("SELECT state, number_of_attempts FROM {t} WHERE id = %s", (job,))[0]
+    assert (row["state"], row["number_of_attempts"]) == (2, 2)  # the new owner's claim, untouched
