@@ -133,9 +133,9 @@ class Processing:
         self._execute(job_id, claim)
         return claim.outcome
 
-    def _execute(self, job_id: int, claim: ClaimResult, claimed_at: float | None = None) -> None:
+    def _execute(self, job_id: int, claim: ClaimResult) -> None:
         """Run a claimed job's callback with heartbeats, then write its result."""
-        self._heartbeat.start(job_id, claim.attempt or 0, claimed_at=claimed_at)
+        self._heartbeat.start(job_id, claim.attempt or 0)
         try:
             outcome = self._run(job_id, claim)
         finally:

@@ -101,8 +101,16 @@ def run_until_idle(queue: Queue, limit: int, deadline: float | None = None) -> t
     """Cron mode's pass (`bgq process` without a broker): the worker's loop, claiming at most
     `limit` jobs and none after `deadline` (time.monotonic()), ending when claims find nothing.
     Returns (jobs run, whether a claim failed on a database error, whether the deadline passed)."""
-    worker = _Worker(queue, queue.config.queue, None, GracefulStop(), BATCH_MAX, POLL_SECONDS)
-    worker.limit, worker.deadline = limit, deadline
+    worker = _Worker(
+        queue,
+        queue.config.queue,
+        None,
+        GracefulStop(),
+        BATCH_MAX,
+        POLL_SECONDS,
+        limit=limit,
+        deadline=deadline,
+    )
     ran = worker.run()
     return ran, worker.failed, deadline is not None and time.monotonic() >= deadline
 
@@ -110,7 +118,7 @@ def run_until_idle(queue: Queue, limit: int, deadline: float | None = None) -> t
 class _Worker:
     def __init__(
         self, queue: Queue, base: str, priorities: Sequence[int] | None, stop: GracefulStop,
-        batch_max: int, poll: float,
+        batch_max: int, poll: float, *, limit: int | None = None, deadline: float | None = None,
     ) -> None:  # fmt: skip
         self.queue = queue
         self.base = base
@@ -128,8 +136,8 @@ class _Worker:
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
         self.closing = False
-        self.limit: int | None = None  # cron mode: claim at most this many jobs, stop when idle
-        self.deadline: float | None = None  # cron mode: claim nothing after this time.monotonic()
+        self.limit = limit  # cron mode: run at most this many jobs, stop when idle
+        self.deadline = deadline  # cron mode: claim nothing after this time.monotonic()
         self.ran = 0  # jobs whose callback ran (cron mode's limit counts these and the held ones)
         self.failed = False  # cron mode: the run ended on a database error
         self.chain: tuple[str | None, int, float] = (None, 0, 0.0)  # group, hand-offs in a row, since
