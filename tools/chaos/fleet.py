@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BGQ = str(Path(sys.executable).parent / "bgq")
 APP = "tools.chaos.app:queue"
 TICK_S = 0.5  # how often a cron host looks whether to start `bgq process`
-OVERLAP_S = 3.0  # a host's run older than this gets an overlapping one (as cron would start it)
+OVERLAP_S = 20.0  # a host's run older than this gets an overlapping one (as cron would start it)
 RESTART_S = 0.5  # a supervisor's restart delay for a continuous worker
 
 
