@@ -28,6 +28,8 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check bgq tests tools
 	$(BIN)/ruff format --check bgq tests tools
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/sqlfluff lint db/mysql --dialect mysql
 	$(BIN)/sqlfluff lint db/postgres --dialect postgres
 

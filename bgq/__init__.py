@@ -1,5 +1,6 @@
 """bgq: a durable background-job queue on MySQL/MariaDB or PostgreSQL, with serial groups."""
 
+from .cron import ProcessReport
 from .errors import (
     BackgroundQueueException,
     BgqError,
@@ -25,7 +26,6 @@ from .errors import (
     UnknownCallbackError,
     WaitingException,
 )
-from .processing import ProcessReport
 from .queue import Queue
 from .states import JobState, Mode
 

@@ -9,7 +9,7 @@ import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import sqlalchemy as sa
 import typer
@@ -35,7 +35,7 @@ class _Commands(TyperGroup):
     the CLI untranslated, becomes one line `bgq: <message>` on stderr and exit code 1. Anything
     else is a bug of bgq or of the application and keeps its traceback."""
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:  # click's Context (typer vendors click: its path varies)
         try:
             return super().invoke(ctx)
         except Exception as exc:  # typer.Exit and usage errors are not bgq's: they pass
@@ -127,7 +127,7 @@ def load_queue(required: bool = True) -> Queue | None:
     sys.path.insert(0, "")
     try:
         target = getattr(importlib.import_module(module_name), attr)
-        queue = target() if callable(target) and not isinstance(target, Queue) else target
+        queue: object = target() if callable(target) and not isinstance(target, Queue) else target
     except (ImportError, AttributeError, BgqError) as exc:
         fail(f"Cannot load {state.app_path!r}: {exc}", code=2)
     if not isinstance(queue, Queue):
@@ -148,7 +148,7 @@ def one_line(message: str) -> str:
     return text
 
 
-def fail(message: str, code: int = 1) -> None:
+def fail(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"bgq: {one_line(message)}", err=True)
     raise typer.Exit(code)
 
@@ -299,8 +299,8 @@ def consume(
 ) -> None:
     """Broker mode: take job ids from RabbitMQ and run them (SIGTERM lets the running job finish)."""
     from .broker import parse_priorities
-    from .worker import GracefulStop
-    from .worker import consume as run_consumer
+    from .consumer import consume as run_consumer
+    from .stopping import GracefulStop
 
     queue = load_queue()
     assert queue is not None

@@ -79,7 +79,8 @@ def _non_negative_int(name: str, value: Any) -> int:
 def _hook(name: str, value: Any) -> Callable[..., Any] | None:
     if value is not None and not callable(value):
         raise ConfigError(f'Option "{name}" must be callable or None, got {value!r}.')
-    return value
+    hook: Callable[..., Any] | None = value
+    return hook
 
 
 def encodable(text: str) -> bool:

@@ -46,7 +46,8 @@ def _queue(database_url: str | None, broker_url: str | None) -> Queue:
 
 
 def _consumer(database_url: str | None, broker_url: str) -> None:
-    from .worker import GracefulStop, consume
+    from .consumer import consume
+    from .stopping import GracefulStop
 
     queue = _queue(database_url, broker_url)
     with GracefulStop() as stop:
@@ -72,20 +73,24 @@ def run_demo(
             consumers = [ctx.Process(target=_consumer, args=(url, broker_url)) for _ in range(CONSUMERS)]
             for process in consumers:
                 process.start()
-        ids = {}
+        ids: dict[str, int] = {}
         for item in CANONICAL.split():
             letter, priority = item[0], int(item[1:])
-            ids[letter] = queue.publish("step", [letter, priority], serial_group="demo", priority=priority)
-        others = [queue.publish("ungrouped", {"name": f"mail-{n}"}, priority=2) for n in (1, 2, 3)]
+            ids[letter] = _published(
+                queue.publish("step", [letter, priority], serial_group="demo", priority=priority)
+            )
+        others = [
+            _published(queue.publish("ungrouped", {"name": f"mail-{n}"}, priority=2)) for n in (1, 2, 3)
+        ]
         out(f"published {CANONICAL} in serial group 'demo', and 3 jobs without a group")
         for run in range(1, 61):
             if not broker_url:
                 out(f"bgq process (run {run})")
                 queue.process()
-            if all(JobState(queue.get_job(i)["state"]) in TERMINAL for i in [*ids.values(), *others]):
+            if all(JobState(_row(queue, i)["state"]) in TERMINAL for i in [*ids.values(), *others]):
                 break
             time.sleep(1.1 if not broker_url else 0.5)  # cron mode retries WAITING jobs after 1 s
-        started = {letter: queue.get_job(job_id)["last_attempt_at"] for letter, job_id in ids.items()}
+        started = {letter: _row(queue, job_id)["last_attempt_at"] for letter, job_id in ids.items()}
         ran = " ".join(sorted((s for s in started if started[s] is not None), key=lambda s: started[s]))
         out(f"the group ran in the order: {ran}")
         out(f"expected (priority, then id): {EXPECTED}")
@@ -99,3 +104,15 @@ def run_demo(
                 if process.is_alive():
                     process.terminate()
         queue.close()
+
+
+def _published(job_id: int | None) -> int:
+    """publish() outside a bulk always returns the new job's id."""
+    assert job_id is not None
+    return job_id
+
+
+def _row(queue: Queue, job_id: int) -> dict[str, Any]:
+    row = queue.get_job(job_id)
+    assert row is not None, f"job {job_id} vanished"
+    return row

@@ -28,7 +28,7 @@ def embedded_url(configured_dir: str | None = None) -> str:
     path = data_dir(configured_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        server = pgserver.get_server(path)
+        server = pgserver.get_server(path)  # type: ignore[attr-defined]  # (pgserver re-exports it)
     except Exception as exc:
         raise DatabaseUnavailableError(f"The embedded PostgreSQL in {path} did not start: {exc}") from exc
     _keep.append(server)  # stopped when the last process using it exits

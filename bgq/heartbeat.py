@@ -12,13 +12,14 @@ from sqlalchemy import event
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from .queue import Queue
+    from .config import Config
+    from .store import Store
 
 _EVENT = "before_cursor_execute"
 
 
 class Heartbeat:
-    """One Queue's heartbeat state: the job it is running, when it last beat, and a guard.
+    """One queue's heartbeat state: the job it is running, when it last beat, and a guard.
 
     bgq runs one job at a time per Queue, so the current job is a plain attribute. `beat()` may
     still be reached from other threads (an application thread using an engine with the hook
@@ -26,8 +27,9 @@ class Heartbeat:
     second write.
     """
 
-    def __init__(self, queue: Queue) -> None:
-        self.queue = queue
+    def __init__(self, config: Config, store: Store) -> None:
+        self.config = config
+        self.store = store
         self.job: tuple[int, int] | None = None  # (job id, claim token) while a callback runs
         self.last = 0.0  # time.monotonic() of the claim or of the last write
         self.lost = False  # the claim was found taken over: warned once, no more writes
@@ -49,7 +51,7 @@ class Heartbeat:
         job = self.job
         if job is None or self.lost:
             return
-        interval = self.queue.config.heartbeat_interval
+        interval = self.config.heartbeat_interval
         if interval and time.monotonic() - self.last < interval:
             return
         if not self.guard.acquire(blocking=False):
@@ -57,16 +59,16 @@ class Heartbeat:
         job_id, attempt = job
         try:
             self.last = time.monotonic()  # a failed write is throttled like a good one
-            with self.queue.database.transaction() as conn:
-                alive = self.queue.procs.heartbeat(conn, job_id, attempt)
+            with self.store.database.transaction() as conn:
+                alive = self.store.procs.heartbeat(conn, job_id, attempt)
             if not alive and self.job == job:
                 self.lost = True
-                self.queue.log.warning(
+                self.config.logger.warning(
                     f"bgq: Heartbeat found the job no longer PROCESSING under this worker's claim "
                     f"(reaped, taken over or finished elsewhere); its result will be dropped. (ID: {job_id})"
                 )
         except Exception as exc:
-            self.queue.log.warning(f"bgq: Heartbeat failed (ID: {job_id}).", exc_info=exc)
+            self.config.logger.warning(f"bgq: Heartbeat failed (ID: {job_id}).", exc_info=exc)
         finally:
             self.guard.release()
 

@@ -65,7 +65,7 @@ class _Outbox:
 
 def _inside(scope: Any, rolled_back: Any) -> bool:
     if isinstance(rolled_back, tuple):  # Connection savepoints: a prefix of the stack
-        return scope[: len(rolled_back)] == rolled_back
+        return bool(scope[: len(rolled_back)] == rolled_back)
     while scope is not None:  # SessionTransaction: walk up to the root
         if scope is rolled_back:
             return True
@@ -100,7 +100,9 @@ def _outbox(target: Session | Connection, send: Send) -> _Outbox:
             # SQLAlchemy fires "commit" before it commits, and has no event after it: commit the
             # DBAPI connection here first (SQLAlchemy's own COMMIT then finds nothing to do), so
             # no consumer can ever receive an id whose row is not committed yet.
-            conn.connection.dbapi_connection.commit()
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None  # a connection that is committing holds its DBAPI connection
+            dbapi.commit()
             box.savepoints.clear()
             box.flush()
 

@@ -77,8 +77,8 @@ def _decode_hook(obj: dict[str, Any]) -> Any:
     if kind == "date":
         return dt.date.fromisoformat(raw)
     if kind == "time":
-        value = dt.time.fromisoformat(raw)
-        return value.replace(tzinfo=zone) if zone is not None else value
+        clock = dt.time.fromisoformat(raw)
+        return clock.replace(tzinfo=zone) if zone is not None else clock
     if kind == "decimal":
         return Decimal(raw)
     raise ValueError(f"Unknown bgq parameter tag {kind!r}")

@@ -369,7 +369,8 @@ class Procs:
 
     def predecessor(self, conn: Connection, job_id: int) -> int | None:
         (row,) = self._call(conn, PREDECESSOR, job_id)
-        return row["result"] if "result" in row else next(iter(row.values()))
+        found: int | None = row["result"] if "result" in row else next(iter(row.values()))
+        return found
 
     def group_heads(self, conn: Connection) -> list[GroupHead]:
         return [GroupHead(**r) for r in self._call(conn, GROUP_HEADS)]
@@ -390,8 +391,9 @@ class Procs:
         sql = f"INSERT INTO {self.table} ({cols}, created_at, updated_at) VALUES ({marks}, {now}, {now})"
         values = _insert_values(job)
         if self.db.dialect.name == "postgres":
-            return conn.exec_driver_sql(sql + " RETURNING id", values).scalar_one()
-        return conn.exec_driver_sql(sql, values).lastrowid
+            new_id: int = conn.exec_driver_sql(sql + " RETURNING id", values).scalar_one()
+            return new_id
+        return int(conn.exec_driver_sql(sql, values).lastrowid)
 
     def insert_many(self, conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
         """Insert READY jobs with one multi-row INSERT; return their ids in the order of `jobs`.
@@ -533,7 +535,9 @@ class Listener:
 
     def __init__(self, db: Database, table: str) -> None:
         raw = db.engine.raw_connection()
-        self._conn: Any = raw.driver_connection
+        driver = raw.driver_connection
+        assert driver is not None  # a fresh raw connection holds its driver connection
+        self._conn: Any = driver
         raw.detach()  # this connection never goes back to the pool
         self._conn.rollback()
         self._conn.autocommit = True

@@ -1,59 +1,37 @@
-"""The public API: `Queue` publishes jobs and processes them through the stored procedures."""
+"""The public API: `Queue`, a facade over the parts that publish, run and administer jobs.
+
+A newcomer follows a job through one part per step: Publisher (bgq/publisher.py) validates and
+inserts it and hands its id to the Sender (bgq/sender.py, broker mode); a worker loop
+(bgq/work.py, bgq/consumer.py, bgq/cron.py) claims it and the Executor (bgq/executor.py) runs
+it and writes its result; the Reaper (bgq/reaper.py) takes back a dead worker's job; Admin
+(bgq/admin.py) holds the operations for people. Every part reaches the database through one
+Store (bgq/store.py), which calls the stored procedures (bgq/procs.py).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from . import outbox
-from . import params as params_codec
+from . import cron
+from .admin import Admin
 from .config import Config, build_config
-from .db import Database, dialect_name
-from .errors import BgqError, PublishError
-from .heartbeat import Heartbeat
-from .install import check_installed, install
-from .operations import Operations
-from .processing import Processing
-from .procs import NewJob, Procs
+from .db import Database
+from .executor import Executor
+from .procs import JobRef, Procs
+from .publisher import Bulk, Publisher
 from .reaper import Reaper
+from .sender import Sender
 from .states import Mode
-from .validate import new_job
-
-#: Parameter bytes per multi-row INSERT of a bulk: far below MariaDB's default max_allowed_packet
-#: (16 MiB) even when escaping doubles them; a larger bulk is inserted in several statements.
-BULK_INSERT_BYTES = 4 * 1024 * 1024
+from .store import Store
 
 
-def _by_size(jobs: list[NewJob]) -> Iterator[list[NewJob]]:
-    """Consecutive runs of `jobs` whose parameters take at most BULK_INSERT_BYTES (one job at least)."""
-    chunk: list[NewJob] = []
-    size = 0
-    for job in jobs:
-        job_size = params_codec.encoded_size(job.parameters_json, job.parameters)
-        if chunk and size + job_size > BULK_INSERT_BYTES:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(job)
-        size += job_size
-    if chunk:
-        yield chunk
-
-
-@dataclass
-class _Bulk:
-    """Jobs published since start_bulk(): those not inserted yet, and the ids of those inserted."""
-
-    jobs: list[NewJob] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)
-
-
-class Queue(Processing, Operations):
+class Queue:
     """A durable job queue on a table of the application's database.
 
     Options (keyword arguments), as in the original library:
@@ -84,54 +62,52 @@ class Queue(Processing, Operations):
     """
 
     def __init__(self, **options: Any) -> None:
-        self.config: Config = build_config(**options)
-        self.log = self.config.logger
-        self._db: Database | None = None
-        self._procs: Procs | None = None
-        self.should_die = False
-        self._bulk: _Bulk | None = None
-        self._heartbeat = Heartbeat(self)  # the running job's proof of life (bgq/heartbeat.py)
+        self._build(build_config(**options))
+
+    def _build(self, config: Config) -> None:
+        self._config = config
+        self.store = Store(config)
+        self.sender = Sender(config, self.store)
+        self.publisher = Publisher(config, self.store, self.sender)
+        self.executor = Executor(config, self.store, self.sender)
+        self.admin = Admin(config, self.store, self.sender)
         #: Reaps stalled jobs (bgq/reaper.py): process() runs it once per run, and `bgq work` and
         #: `bgq consume` start it on a thread of their own.
-        self.reaper = Reaper(self)
+        self.reaper = Reaper(config, self.store, self.sender)
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    @config.setter
+    def config(self, config: Config) -> None:
+        """A new configuration (the CLI's --database): the parts are built again, unconnected."""
+        self.close()
+        self._build(config)
+
+    @property
+    def log(self) -> Any:
+        return self._config.logger
 
     # --- connection ---
 
     @property
     def database(self) -> Database:
-        if self._db is None:
-            url = self.config.database_url
-            if url is None:
-                from .embedded import embedded_url
-
-                url = embedded_url(self.config.data_dir)
-                self._db = Database(url, self.log, self.config.lock_timeout)
-                install(self._db, self.config.table_name)  # the embedded database is bgq's own
-            else:
-                self._db = Database(url, self.log, self.config.lock_timeout)
-        return self._db
+        return self.store.database
 
     @property
     def procs(self) -> Procs:
         """The procedure calls, once the installed version has been checked."""
-        if self._procs is None:
-            check_installed(self.database, self.config.table_name)
-            self._procs = Procs(self.database, self.config.table_name)
-        return self._procs
+        return self.store.procs
 
     def install(self) -> bool:
         """Create the table and install the procedures (`bgq install-procs`); False if up to date."""
-        changed = install(self.database, self.config.table_name)
-        self._procs = None
-        return changed
+        return self.store.install()
 
     def close(self) -> None:
-        if self._db is not None:
-            self._db.dispose()
-        self._db = None
-        self._procs = None
+        self.store.close()
 
-    # --- publishing ---
+    # --- publishing (bgq/publisher.py) ---
 
     def publish(
         self,
@@ -153,94 +129,114 @@ class Queue(Processing, Operations):
         commit (a rollback publishes nothing). Without it, bgq inserts and commits on its own.
         Between start_bulk() and end_bulk() it returns None: end_bulk() returns the ids.
         """
-        job = new_job(
-            self.config, callback_name, parameters, serial_group, identifier, mode, postpone_by, priority,
-            coalesce_threshold,
+        return self.publisher.publish(
+            callback_name, parameters, serial_group=serial_group, identifier=identifier, mode=mode,
+            postpone_by=postpone_by, priority=priority, coalesce_threshold=coalesce_threshold,
+            connection=connection,
         )  # fmt: skip
-        if connection is None and self._bulk is not None:
-            self._bulk.jobs.append(job)
-            if len(self._bulk.jobs) >= self.config.bulk_size:
-                self._flush_bulk()
-            return None
-        if connection is None:
-            with self.database.transaction() as conn:
-                job_id = self.procs.insert(conn, job)
-            self._send([(job_id, job.queue, job.priority, job.postponed_by)])
-            return job_id
-        conn = connection.connection() if isinstance(connection, Session) else connection
-        if not isinstance(conn, Connection):
-            raise PublishError("connection must be a SQLAlchemy Session or Connection.")
-        if dialect_name(conn.dialect.name) != self.database.dialect.name:
-            raise PublishError(
-                f"connection is {conn.dialect.name}, the queue's database {self.database.dialect.name}."
-            )
-        job_id = self.procs.insert(conn, job)
-        if self.config.producer is not None:
-            outbox.add(connection, (job_id, job.queue, job.priority, job.postponed_by), self._send_pending)
-        return job_id
-
-    # --- bulk publishing ---
 
     def start_bulk(self) -> None:
         """Buffer publish() calls; every `bulk_size` jobs go in one multi-row INSERT."""
-        if self._bulk is None:
-            self._bulk = _Bulk()
+        self.publisher.start_bulk()
 
     def end_bulk(self) -> list[int]:
         """Insert what is buffered and return the ids of every job published since start_bulk()."""
-        if self._bulk is None:
-            return []
-        try:
-            self._flush_bulk()
-            return self._bulk.ids
-        finally:
-            self._bulk = None
+        return self.publisher.end_bulk()
 
-    @contextmanager
-    def bulk(self) -> Iterator[_Bulk]:
+    def bulk(self) -> AbstractContextManager[Bulk]:
         """`with queue.bulk() as batch: ...` then `batch.ids`; an exception inside inserts nothing more."""
-        self.start_bulk()
-        batch = self._bulk
-        assert batch is not None
-        try:
-            yield batch
-        except BaseException:
-            self._bulk = None
-            raise
-        self.end_bulk()
+        return self.publisher.bulk()
 
-    def _flush_bulk(self) -> None:
-        batch = self._bulk
-        if batch is None or not batch.jobs:
-            return
-        jobs, batch.jobs = batch.jobs, []
-        with self.database.transaction() as conn:
-            ids = [i for chunk in _by_size(jobs) for i in self.procs.insert_many(conn, chunk)]
-        batch.ids.extend(ids)
-        self._send([(i, j.queue, j.priority, j.postponed_by) for i, j in zip(ids, jobs, strict=True)])
+    # --- running jobs (bgq/cron.py, bgq/executor.py) ---
 
-    # --- the broker (no-ops in cron mode) ---
+    def process(self, *, max_runtime: float | None = None) -> cron.ProcessReport:
+        """`bgq process` (cron): reap stalled jobs, then run due jobs inline, one at a time.
 
-    def _send(self, jobs: list[tuple[int, str, int, int | None]]) -> None:
-        """Send job ids to the broker; a failed send leaves the job BROKER_FAILED for `bgq process`."""
-        producer = self.config.producer
-        if producer is None:
-            return
-        for job_id, queue, priority, delay_ms in jobs:
-            try:
-                producer.publish(job_id, queue, priority, delay_ms or None)
-            except BgqError as exc:
-                self.log.critical(f"bgq: Publishing to the broker failed. (ID: {job_id})", exc_info=exc)
-                with self.database.transaction() as conn:
-                    self.procs.broker_failed(conn, job_id, f"{type(exc).__name__}: {exc}")
+        Without a broker a run is `bgq work`'s loop that ends when it finds nothing to claim: it
+        claims with `{table}_claim_batch` (ungrouped due jobs and the heads of idle groups, in
+        (priority, id) order, then a group's next head by hand-off), so however many jobs wait
+        below a group's head, the run only ever claims jobs that may run now, and PROCESS_LIMIT
+        counts the jobs run; the worker's reaper thread keeps reaping during a long run. In broker
+        mode it sends BACK_TO_BROKER jobs, runs BROKER_FAILED ones, promotes stuck groups' heads
+        and re-sends lost messages.
 
-    def _send_pending(self, items: list[outbox.Pending]) -> None:
-        self._send([(i.job_id, i.queue, i.priority, i.delay_ms) for i in items])
+        `max_runtime` (seconds; None: no limit): no job is started once that much time has passed
+        since the call (a running job is not interrupted), so a run ends within about
+        max_runtime plus one job; the report's `timed_out` says so.
+        """
+        return cron.process(self, max_runtime=max_runtime)
 
-    def _send_job(self, job_id: int) -> None:
-        """Send a job a procedure made ready (promoted, requeued, reaped), with its own delay."""
-        if self.config.producer is None:
-            return
-        row = self.get_job(job_id)
-        if row is not None:
-            self._send([(job_id, row["queue"], row["priority"], row["postponed_by"])])
+    def process_job(self, job_id: int, on_claimed: Callable[[], None] | None = None) -> str:
+        """Claim one job, run its callback and write its result. Returns the claim's outcome.
+
+        Outcomes: claimed (it ran), waiting, redundant, locked, missing, skipped, unexpected.
+        `on_claimed` runs once the claim (or its refusal) is committed, before the callback: a
+        consumer acknowledges its message there.
+        """
+        return self.executor.process_job(job_id, on_claimed)
+
+    @property
+    def should_die(self) -> bool:
+        """True once a callback raised DieException: every worker loop stops claiming."""
+        return self.executor.should_die
+
+    @should_die.setter
+    def should_die(self, value: bool) -> None:
+        self.executor.should_die = value
+
+    def heartbeat(self) -> None:
+        """Tell the reaper that the running job is alive: its updated_at moves to now.
+
+        Call it from a long callback more often than `stalled_job_timeout`. It writes at most once
+        per `heartbeat_interval` seconds (the claim counts as the first heartbeat; 0 writes on every
+        call), through bgq's own connection, fenced on the job's claim: a job that was reaped, claimed
+        again elsewhere or finished is left alone (and logged once at WARNING). Outside a job it does
+        nothing. It never raises: a failure is logged at WARNING as 'bgq: Heartbeat failed (ID: n).'
+        """
+        self.executor.heartbeat.beat()
+
+    def install_heartbeat(self, engine: Any) -> Callable[[], None]:
+        """Send heartbeats automatically from every statement run on the application's `engine`.
+
+        Registers a SQLAlchemy "before_cursor_execute" listener on `engine` (an Engine; for an
+        AsyncEngine, its sync_engine) that calls `heartbeat()`: any query a callback runs on the
+        application's database keeps its job alive, throttled to one write per
+        `heartbeat_interval`. Outside a job it is a cheap no-op, so the application's other
+        statements are not slowed. The heartbeat itself runs on bgq's own engine, and a guard stops
+        any recursion. Installing twice on one engine registers one listener. Returns a function
+        that removes the listener.
+        """
+        return self.executor.install_heartbeat(engine)
+
+    # --- operations for people (bgq/admin.py) ---
+
+    def requeue(self, job_id: int, reason: str) -> JobRef:
+        """The DBA's manual requeue: the job becomes READY again (not while PROCESSING)."""
+        return self.admin.requeue(job_id, reason)
+
+    def get_job(self, job_id: int) -> dict[str, Any] | None:
+        """The job's row, for people and tests."""
+        return self.admin.get_job(job_id)
+
+    def get_unfinished_job_identifiers(
+        self, identifiers: list[str] | tuple[str, ...] = (), exclude_processing: bool = False
+    ) -> list[str]:
+        """The distinct identifiers of this queue's jobs that still have work ahead, sorted.
+
+        A job is finished when FINISHED, REDUNDANT or PERMANENTLY_FAILED (and, with
+        `exclude_processing`, PROCESSING: a running job does not count). `identifiers` limits the
+        answer to those; empty means every job that has an identifier.
+        """
+        return self.admin.get_unfinished_job_identifiers(identifiers, exclude_processing)
+
+    def report_stuck_jobs(self) -> dict[int, dict[str, Any]]:
+        """The monitor (`bgq monitor`): jobs that need a person, per state (bgq/admin.py)."""
+        return self.admin.report_stuck_jobs()
+
+    def clear_finished_jobs(self, days: int | None = None) -> int:
+        """Delete this queue's FINISHED jobs (`bgq clear-finished`); returns how many.
+
+        `days` None or 0: every finished job; otherwise those created before today 00:00 UTC
+        minus `days` days. REDUNDANT and failed jobs stay.
+        """
+        return self.admin.clear_finished_jobs(days)

@@ -17,11 +17,13 @@ import random
 import threading
 from typing import TYPE_CHECKING
 
+from .config import Config
 from .errors import BgqError
+from .sender import Sender
+from .store import Store
 
 if TYPE_CHECKING:
     from .procs import Reaped
-    from .queue import Queue
 
 REAP_LIMIT = 1000  # jobs one pass reaps at most
 REAP_INTERVAL = 2.0  # seconds between two passes of a continuous worker's reaper (x 0.5 .. 1.5)
@@ -30,10 +32,15 @@ REAP_INTERVAL = 2.0  # seconds between two passes of a continuous worker's reape
 class Reaper:
     """Reaps one queue's stalled jobs: `run_once()` now, or every `interval` s on a thread."""
 
-    def __init__(self, queue: Queue, interval: float = REAP_INTERVAL, limit: int = REAP_LIMIT) -> None:
+    def __init__(
+        self, config: Config, store: Store, sender: Sender, interval: float = REAP_INTERVAL,
+        limit: int = REAP_LIMIT,
+    ) -> None:  # fmt: skip
         if interval <= 0 or limit < 1:
             raise ValueError("Reaper: interval must be positive and limit at least 1.")
-        self.queue = queue
+        self.config = config
+        self.store = store
+        self.sender = sender
         self.interval = interval
         self.limit = limit
         self._stop = threading.Event()
@@ -42,24 +49,24 @@ class Reaper:
     def run_once(self, now: dt.datetime | None = None) -> list[Reaped]:
         """Reap the queue's stalled jobs (and its sub-queues'); the jobs reaped. `now`: the clock
         (None: the server's). Nothing happens when stalled_job_timeout is 0."""
-        queue, cfg = self.queue, self.queue.config
+        cfg, store = self.config, self.store
         if not cfg.stalled_job_timeout:
             return []
         backoff = cfg.stalled_job_backoff
         backoff_ms = None if backoff is None else backoff * 1000
-        with queue.database.transaction() as conn:
-            reaped = queue.procs.reap(
+        with store.database.transaction() as conn:
+            reaped = store.procs.reap(
                 conn, cfg.queue, cfg.stalled_job_timeout, self.limit, now, backoff_ms=backoff_ms
             )
         for job in reaped:
-            queue.log.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
-            queue._send_job(job.id)
+            cfg.logger.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
+            self.sender.send_job(job.id)
         return reaped
 
     def start(self) -> None:
         """Reap on a daemon thread of its own until stop(); a failed pass is logged and retried
         at the next one. A no-op when stalled_job_timeout is 0 or the thread runs already."""
-        if not self.queue.config.stalled_job_timeout or self._thread is not None:
+        if not self.config.stalled_job_timeout or self._thread is not None:
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="bgq-reaper", daemon=True)
@@ -80,7 +87,7 @@ class Reaper:
             try:
                 self.run_once()
             except BgqError as exc:  # the database is down: the next pass tries again
-                self.queue.log.warning(f"bgq: Reaping stalled jobs failed. ({exc})")
+                self.config.logger.warning(f"bgq: Reaping stalled jobs failed. ({exc})")
             except Exception as exc:  # never let the thread die silently
-                self.queue.log.error("bgq: Reaping stalled jobs failed.", exc_info=exc)
+                self.config.logger.error("bgq: Reaping stalled jobs failed.", exc_info=exc)
             pause = self.interval * random.uniform(0.5, 1.5)

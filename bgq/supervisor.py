@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
+from typing import Any
 
 from .errors import BgqError
 from .queue import Queue
+from .stopping import GracefulStop
 from .work import check, work
-from .worker import GracefulStop
 
 RESTART_DELAY = 0.5  # first pause before a dead worker is started again, in seconds
 RESTART_DELAY_MAX = 30.0  # the pause doubles with each crash at start in a row, up to this
@@ -62,7 +63,7 @@ class _Slot:
     restart_at: float | None = None  # when to start it again (time.monotonic()); None: not due
 
 
-def run_workers(make_queue: Callable[[], Queue], concurrency: int, **options: object) -> int:
+def run_workers(make_queue: Callable[[], Queue], concurrency: int, **options: Any) -> int:
     """Run `work(make_queue(), **options)` in `concurrency` processes (forked; 1: this process).
 
     `make_queue` is called here once to check the queue before any worker starts, and once in
@@ -74,13 +75,13 @@ def run_workers(make_queue: Callable[[], Queue], concurrency: int, **options: ob
     _ = queue.procs  # reach the database and check the install before any worker starts
     if concurrency == 1:
         with GracefulStop() as stop:
-            return work(queue, stop=stop, **options)  # type: ignore[arg-type]
+            return work(queue, stop=stop, **options)
     queue.close()  # no pooled socket is inherited by the workers
     return _Supervisor(make_queue, concurrency, options).run()
 
 
 class _Supervisor:
-    def __init__(self, make_queue: Callable[[], Queue], concurrency: int, options: dict) -> None:
+    def __init__(self, make_queue: Callable[[], Queue], concurrency: int, options: dict[str, Any]) -> None:
         self.make_queue = make_queue
         self.options = options
         self.slots = [_Slot() for _ in range(concurrency)]
@@ -192,7 +193,7 @@ class _Supervisor:
                 slot.process = None
 
 
-def _child(make_queue: Callable[[], Queue], options: dict, parent: int) -> None:
+def _child(make_queue: Callable[[], Queue], options: dict[str, Any], parent: int) -> None:
     """A worker process: its own signal handling and connections, then work() until stopped."""
     code = 1
     try:

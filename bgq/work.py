@@ -37,10 +37,10 @@ from dataclasses import dataclass
 
 from . import runner
 from .errors import BgqError, ConfigError
+from .parts import Parts
 from .procs import Claimed, FinishResult, JobResult, Listener
-from .queue import Queue
 from .states import JobState
-from .worker import GracefulStop
+from .stopping import GracefulStop
 
 BATCH_MAX = 100  # jobs one claim takes at most (`bgq work --batch`)
 BATCH_BUDGET = 0.05  # seconds of work one claim should hold
@@ -71,7 +71,7 @@ class _Done:
 
 
 def work(
-    queue: Queue,
+    queue: Parts,
     sub_queue: str | None = None,
     priorities: Sequence[int] | None = None,
     stop: GracefulStop | None = None,
@@ -89,7 +89,7 @@ def work(
     return 0
 
 
-def check(queue: Queue, *, batch_max: int = BATCH_MAX, poll: float = POLL_SECONDS, **_: object) -> None:
+def check(queue: Parts, *, batch_max: int = BATCH_MAX, poll: float = POLL_SECONDS, **_: object) -> None:
     """Raise ConfigError if `work(queue, ...)` with these options cannot run (nothing is claimed)."""
     if queue.config.producer is not None:
         raise ConfigError("bgq work runs on the database alone; this queue has a broker: use `bgq consume`.")
@@ -97,7 +97,7 @@ def check(queue: Queue, *, batch_max: int = BATCH_MAX, poll: float = POLL_SECOND
         raise ConfigError("bgq work needs --batch at least 1 and --poll greater than 0.")
 
 
-def run_until_idle(queue: Queue, limit: int, deadline: float | None = None) -> tuple[int, bool, bool]:
+def run_until_idle(queue: Parts, limit: int, deadline: float | None = None) -> tuple[int, bool, bool]:
     """Cron mode's pass (`bgq process` without a broker): the worker's loop, claiming at most
     `limit` jobs and none after `deadline` (time.monotonic()), ending when claims find nothing.
     Returns (jobs run, whether a claim failed on a database error, whether the deadline passed)."""
@@ -117,10 +117,13 @@ def run_until_idle(queue: Queue, limit: int, deadline: float | None = None) -> t
 
 class _Worker:
     def __init__(
-        self, queue: Queue, base: str, priorities: Sequence[int] | None, stop: GracefulStop,
+        self, queue: Parts, base: str, priorities: Sequence[int] | None, stop: GracefulStop,
         batch_max: int, poll: float, *, limit: int | None = None, deadline: float | None = None,
     ) -> None:  # fmt: skip
         self.queue = queue
+        self.store = queue.store
+        self.executor = queue.executor
+        self.log = queue.config.logger
         self.base = base
         self.low = min(priorities) if priorities else None
         self.high = max(priorities) if priorities else None
@@ -147,8 +150,8 @@ class _Worker:
     def run(self) -> int:
         """Work until stopped; the number of jobs run. Stalled jobs are reaped on a thread of the
         worker's own meanwhile (bgq/reaper.py), so no cron is needed for that."""
-        self.queue.procs  # noqa: B018 (checks the install in a transaction of its own, first)
-        with self.queue.database.pinned():
+        self.store.procs  # noqa: B018 (checks the install in a transaction of its own, first)
+        with self.store.database.pinned():
             self.queue.reaper.start()  # once the database answered: a worker that cannot connect
             try:  # fails once, not once per thread
                 self._loop()
@@ -157,13 +160,13 @@ class _Worker:
         return self.ran
 
     def _loop(self) -> None:
-        listener = None if self.limit is not None else self.queue.procs.listener()
+        listener = None if self.limit is not None else self.store.procs.listener()
         writer = threading.Thread(target=self._writer, name="bgq-work-writer", daemon=True)
         writer.start()
         idle = POLL_MIN
         empty = 0
         try:
-            while not self.stop.requested and not self.queue.should_die:
+            while not self.stop.requested and not self.executor.should_die:
                 held = self._next()
                 if held is not None:
                     self._run(held)
@@ -175,7 +178,7 @@ class _Worker:
                         idle, empty = POLL_MIN, 0
                         continue
                 except BgqError as exc:  # the database is down: log it, wait, try again
-                    self.queue.log.critical(f"bgq: Claiming jobs failed. ({exc})")
+                    self.log.critical(f"bgq: Claiming jobs failed. ({exc})")
                     if self.limit is not None:  # cron mode: this run ends; the next one retries
                         self.failed = True
                         break
@@ -228,12 +231,12 @@ class _Worker:
                     break
             return listener
         except Exception as exc:  # the LISTEN connection broke: poll until a new one opens
-            self.queue.log.warning(f"bgq: The LISTEN connection failed; reconnecting. ({exc})")
+            self.log.warning(f"bgq: The LISTEN connection failed; reconnecting. ({exc})")
             if listener is not None:
                 listener.close()
             time.sleep(self.poll)
             try:
-                return self.queue.procs.listener()
+                return self.store.procs.listener()
             except Exception:
                 return None
 
@@ -253,7 +256,7 @@ class _Worker:
     def _claim(self, group: str | None, size: int) -> int:
         """Claim up to `size` jobs (only `group`'s head when given) and queue them; how many."""
         started = time.monotonic()
-        jobs = self.queue._retrying(lambda conn: self._claim_in(conn, group, size))
+        jobs = self.executor.retrying(lambda conn: self._claim_in(conn, group, size))
         self._hold(jobs, started)
         return len(jobs)
 
@@ -261,7 +264,7 @@ class _Worker:
         """One group head at most per claim: a worker takes one group at a time (and keeps it by
         the hand-off), leaving the other groups' heads to the other workers."""
         cfg = self.queue.config
-        return self.queue.procs.claim_batch(
+        return self.store.procs.claim_batch(
             conn, self.base, size, self.pid, self.low, self.high, group, cfg.waiting_job_expiration,
             max_heads=1,
         )  # fmt: skip
@@ -274,23 +277,23 @@ class _Worker:
             self.held.extend(_Held(job, claimed_at, now) for job in jobs)
 
     def _run(self, held: _Held) -> None:
-        queue, job = self.queue, held.job
-        if not self._still_ours(held):
+        executor, job = self.executor, held.job
+        if not executor.still_ours(job.id, job.claim.attempt or 0, held.claimed_at):
             return
-        if queue.config.on_processing_get_metadata is not None:
-            queue._store_metadata(job.id, job.claim.attempt or 0)
+        if self.queue.config.on_processing_get_metadata is not None:
+            executor.store_metadata(job.id, job.claim.attempt or 0)
         started = time.monotonic()
         self.ran += 1
-        queue._heartbeat.start(job.id, job.claim.attempt or 0, claimed_at=held.claimed_at)
+        executor.heartbeat.start(job.id, job.claim.attempt or 0, claimed_at=held.claimed_at)
         try:
-            outcome = queue._run(job.id, job.claim)
+            outcome = executor.run(job.id, job.claim)
         finally:
-            queue._heartbeat.stop()
+            executor.heartbeat.stop()
         self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - started)
         group = job.claim.serial_group
-        if queue._clone_delay(job.claim, outcome) is not None:  # RECURRING, WaitingException
+        if executor.clone_delay(job.claim, outcome) is not None:  # RECURRING, WaitingException
             claimed_at = time.monotonic()
-            successor = queue._finish(
+            successor = executor.finish(
                 job.id,
                 job.claim,
                 outcome,
@@ -308,31 +311,14 @@ class _Worker:
                 self.done.append(_Done(job, outcome))
                 self.wake.notify()
         if outcome.die:
-            queue.should_die = True
-
-    def _still_ours(self, held: _Held) -> bool:
-        """A job claimed more than half of stalled_job_timeout ago (this process was frozen, or
-        its claim was slow) may have been reaped and run by another worker meanwhile: a fenced
-        heartbeat says whether the claim still holds (and renews it) before the callback starts.
-        time.monotonic() counts the time a process spent stopped."""
-        timeout = self.queue.config.stalled_job_timeout
-        if not timeout or time.monotonic() - held.claimed_at <= timeout / 2:
-            return True
-        with self.queue.database.transaction() as conn:
-            alive = self.queue.procs.heartbeat(conn, held.job.id, held.job.claim.attempt or 0)
-        if not alive:
-            self.queue.log.warning(
-                f"bgq: The job was taken over before it started (reaped while this worker was held "
-                f"up); left alone. (ID: {held.job.id})"
-            )
-        return alive
+            executor.should_die = True
 
     def _hand_off(self, job: Claimed, outcome: runner.Outcome, group: str) -> None:
         """Write a grouped job's result and claim its group's next head for this worker, in one
         call and one transaction; the head runs next. After CHAIN_MAX hand-offs (or CHAIN_SECONDS)
         in one group, the same call makes a full claim instead, so ungrouped jobs and other groups'
         heads of a better priority are not held up by one long group."""
-        queue, cfg = self.queue, self.queue.config
+        executor, procs, cfg = self.executor, self.store.procs, self.queue.config
         claimed_at = time.monotonic()
         chained, count, since = self.chain
         if chained != group:
@@ -340,8 +326,8 @@ class _Worker:
         rotate = count >= CHAIN_MAX or claimed_at - since >= CHAIN_SECONDS
         self.chain = (group, 0, claimed_at) if rotate else (group, count + 1, since)
         claim_group, size = (None, self._size()) if rotate else (group, 1)
-        done = queue._persist(
-            lambda conn: queue.procs.finish_and_claim(
+        done = executor.persist(
+            lambda conn: procs.finish_and_claim(
                 conn,
                 [_result(_Done(job, outcome))],
                 self.base,
@@ -358,13 +344,13 @@ class _Worker:
         if done is None:
             return
         written, successor = done
-        queue._after_finish(job.id, job.claim, outcome, _written(written, job.id), None)
+        executor.after_finish(job.id, job.claim, outcome, _written(written, job.id), None)
         self._hold(successor, claimed_at)
 
     # --- writer thread ---
 
     def _writer(self) -> None:
-        with self.queue.database.pinned():
+        with self.store.database.pinned():
             self._write_until_closed()
 
     def _write_until_closed(self) -> None:
@@ -394,17 +380,17 @@ class _Worker:
         self.held = keep
 
     def _write(self, batch: list[_Done]) -> None:
-        queue = self.queue
+        executor, procs = self.executor, self.store.procs
         results = [_result(d) for d in batch]
-        written = queue._persist(
-            lambda conn: queue.procs.finish_batch(conn, results),
+        written = executor.persist(
+            lambda conn: procs.finish_batch(conn, results),
             f"bgq: Writing {len(results)} results failed; retrying.",
         )
         if written is None:
             return  # the jobs stay PROCESSING; the reaper gives them back after stalled_job_timeout
         for done in batch:
             if done.outcome is not None:
-                queue._after_finish(
+                executor.after_finish(
                     done.job.id, done.job.claim, done.outcome, _written(written, done.job.id), None
                 )
 

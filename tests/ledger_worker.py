@@ -123,7 +123,7 @@ def consume_ledger(
     """A `bgq consume` worker process: SIGTERM stops it after the running job; 'die' stops it.
     `stalled`: its stalled_job_timeout (0: its reaper is off)."""
     from bgq.broker.rabbitmq import RabbitMQ
-    from bgq.worker import GracefulStop, consume
+    from bgq.consumer import GracefulStop, consume
 
     _ledger["engine"] = sa.create_engine(url)
     _ledger["table"] = ledger

@@ -273,7 +273,7 @@ def test_no_database_url_anywhere(monkeypatch):
 def test_construction_does_not_connect():
     """A Queue on an unreachable database can be built: connecting is deferred to first use."""
     queue = make(database_url="mysql+pymysql://nobody@127.0.0.1:1/never")
-    assert queue._db is None
+    assert not queue.store.opened
 
 
 def test_config_error_is_a_bgq_error_and_value_error():

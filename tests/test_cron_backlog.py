@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bgq import JobState
-from bgq.processing import PROCESS_LIMIT
+from bgq.cron import PROCESS_LIMIT
 from tests import work_app
 from tests.test_work import cli  # noqa: F401  (the fixture)
 from tests.work_app import wait_until

@@ -30,7 +30,7 @@ def test_checklist_37_die_with_a_cause_is_classified_by_the_cause_and_process_st
 def _die_consumer(url, table, base):
     from bgq import Queue
     from bgq.broker.rabbitmq import RabbitMQ
-    from bgq.worker import GracefulStop, consume
+    from bgq.consumer import GracefulStop, consume
 
     queue = Queue(
         callbacks={"die": _die_from_cause, "noop": lambda: None},

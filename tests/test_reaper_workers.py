@@ -19,7 +19,7 @@ from collections import Counter
 import pytest
 
 from bgq import JobState
-from bgq.reaper import REAP_INTERVAL, Reaper
+from bgq.reaper import REAP_INTERVAL
 from tests import ledger_worker
 from tests.conftest import AMQP_URL, state_of
 from tests.test_work import cli  # noqa: F401  (the fixture)
@@ -155,11 +155,11 @@ def test_run_once_reaps_and_logs_as_process_did(make_queue, installed, caplog):
     assert claim.outcome == "claimed"
     later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
     with caplog.at_level("CRITICAL", logger="bgq"):
-        reaped = Reaper(queue).run_once(later)
+        reaped = queue.reaper.run_once(later)
     assert [(r.id, r.pid) for r in reaped] == [(job, 777)]
     assert f"bgq: Stalled job reaped. (ID: {job}, PID 777)" in caplog.text
-    assert Reaper(queue).run_once(later) == []
-    assert Reaper(make_queue(stalled_job_timeout=0)).run_once(later) == []
+    assert queue.reaper.run_once(later) == []
+    assert make_queue(stalled_job_timeout=0).reaper.run_once(later) == []
 
 
 @pytest.mark.parametrize(("backoff", "postponed_ms"), [(None, 60_000), (0, 0), (7, 7000)])
@@ -171,7 +171,7 @@ def test_stalled_job_backoff_is_the_reaped_jobs_wait(make_queue, installed, back
     with installed.db.transaction() as conn:
         assert queue.procs.claim(conn, job, "general", 777, 1000, None).outcome == "claimed"
     later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
-    assert [r.id for r in Reaper(queue).run_once(later)] == [job]
+    assert [r.id for r in queue.reaper.run_once(later)] == [job]
     row = installed.sql("SELECT state, postponed_by FROM {t} WHERE id = %s", (job,))[0]
     assert (row["state"], row["postponed_by"]) == (4, postponed_ms)
     if backoff == 0:

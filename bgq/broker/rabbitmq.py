@@ -73,7 +73,7 @@ class _Topology:
     """Declares exchanges and queues with the configured arguments, once per name (a cache)."""
 
     def __init__(
-        self, queue_arguments: Mapping[str, Any], per_queue_arguments: Mapping[str, Mapping]
+        self, queue_arguments: Mapping[str, Any], per_queue_arguments: Mapping[str, Mapping[str, Any]]
     ) -> None:
         self.queue_arguments = dict(queue_arguments)
         self.per_queue_arguments = {needle: dict(args) for needle, args in per_queue_arguments.items()}
@@ -155,8 +155,8 @@ class RabbitMQ:
         self,
         url: str = DEFAULT_URL,
         *,
-        queue_arguments: dict | None = None,
-        per_queue_arguments: dict[str, dict] | None = None,
+        queue_arguments: dict[str, Any] | None = None,
+        per_queue_arguments: dict[str, dict[str, Any]] | None = None,
         confirm_timeout: float = 10.0,
     ) -> None:
         if isinstance(confirm_timeout, bool) or not (

@@ -6,62 +6,16 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 from ..errors import BgqError, ConnectionLostError, DatabaseError, DatabaseUnavailableError
+from .dialect import Dialect, InstalledRoutine, Proc
 
-
-@dataclass(frozen=True)
-class InstalledRoutine:
-    """A routine as the server's catalogue shows it (install-procs' check of what is installed)."""
-
-    name: str  # lower case, with the table prefix
-    inputs: tuple[str, ...]  # the IN parameters' names, in order
-    signature: str  # every parameter with its mode and type, as the catalogue prints them
-    definition_digest: str | None  # MD5 of the catalogue's definition; None when it is not readable
-
-
-@dataclass(frozen=True)
-class Proc:
-    """A stored procedure's signature: its file name, kind and typed parameters."""
-
-    name: str
-    params: tuple[tuple[str, str], ...]  # (parameter name, PostgreSQL type)
-    function: bool = False  # a scalar function (SELECT f(...)), not a row-returning call
-
-
-class Dialect(Protocol):
-    """What differs between MySQL/MariaDB and PostgreSQL, and nothing else."""
-
-    name: str
-
-    def call_sql(self, table: str, proc: Proc) -> str:
-        """The statement that calls `proc` with positional %s placeholders."""
-
-    def now_sql(self) -> str:
-        """The server's current UTC time with sub-second precision."""
-
-    def drop_sql(self, table: str, name: str, function: bool) -> str:
-        """Drop an installed procedure or function if it exists."""
-
-    def routines(self, conn: Connection, names: Sequence[str]) -> list[InstalledRoutine]:
-        """The routines of the current database / schema among `names` (lower case); a name
-        with overloads (PostgreSQL) appears once per overload."""
-
-    def translate(self, exc: BaseException) -> BgqError | None:
-        """Map a driver exception to bgq's by its error code (never its text): the procedures'
-        coded errors, and the server's (lock timeout, deadlock, lost connection, ...) as the
-        DatabaseError subclass whose `retryable` says whether a retry may cure it; None when the
-        code is not one bgq names."""
-
-    def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
-        """Statements run on each new connection of bgq's engine: lock waits end after `seconds`,
-        and the server cuts a session left idle inside a transaction for `seconds`."""
+__all__ = ["Database", "Dialect", "InstalledRoutine", "Proc", "dialect_for", "dialect_name", "normalise_url"]
 
 
 def dialect_name(backend: str) -> str | None:
@@ -120,7 +74,7 @@ class Database:
     def __init__(
         self,
         url: str,
-        logger: logging.Logger | logging.LoggerAdapter | None = None,
+        logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
         lock_timeout: int = LOCK_TIMEOUT,
     ) -> None:
         self.url = normalise_url(url)
@@ -195,11 +149,11 @@ class Database:
 
     def translate(self, exc: BaseException) -> BgqError:
         """The bgq exception for a driver error (SQLAlchemy-wrapped or raw), by error code."""
-        wrapped = isinstance(exc, sa.exc.DBAPIError)
-        orig = exc.orig if wrapped and exc.orig is not None else exc
+        wrapped = exc if isinstance(exc, sa.exc.DBAPIError) else None
+        orig: BaseException = wrapped.orig if wrapped is not None and wrapped.orig is not None else exc
         error = self.dialect.translate(orig)
         if error is None:
-            if wrapped and exc.connection_invalidated:  # SQLAlchemy saw a disconnect
+            if wrapped is not None and wrapped.connection_invalidated:  # SQLAlchemy saw a disconnect
                 error = ConnectionLostError(f"The database connection was lost: {orig}")
             else:
                 error = DatabaseError(f"{type(orig).__name__}: {orig}")

@@ -22,7 +22,7 @@ from ..errors import (
     SerializationFailureError,
     StatementCanceledError,
 )
-from . import InstalledRoutine, Proc
+from .dialect import InstalledRoutine, Proc
 
 # MYSQL_ERRNO values the procedures SIGNAL (db/mysql/*.sql headers).
 _BGQ_ERRORS: dict[int, type[BgqError]] = {31001: JobNotFoundError, 31002: DatabaseError, 31003: JobStateError}

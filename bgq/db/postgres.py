@@ -22,7 +22,7 @@ from ..errors import (
     SerializationFailureError,
     StatementCanceledError,
 )
-from . import InstalledRoutine, Proc
+from .dialect import InstalledRoutine, Proc
 
 # SQLSTATEs the functions RAISE (db/postgres/*.sql headers).
 _BGQ_ERRORS: dict[str, type[BgqError]] = {

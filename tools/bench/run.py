@@ -235,7 +235,7 @@ class System:
     bulk_supported = True
     groups_supported = True
     latency_supported = True
-    graceful_stop = False  # its workers run under bgq.worker.GracefulStop: SIGTERM must end them with 0
+    graceful_stop = False  # its workers run under bgq.stopping.GracefulStop: SIGTERM must end them with 0
     #: the label of a row whose enqueue cells this row shares (same publish path), if it runs too
     enqueue_same_as: str | None = None
 
@@ -638,7 +638,7 @@ def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
 
     if kind == "bgq":
         import bgq
-        from bgq.worker import GracefulStop
+        from bgq.stopping import GracefulStop
 
         mode = spec["mode"]
         producer = None
@@ -663,7 +663,7 @@ def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
                 work(queue, sub_queue=None, priorities=None, stop=stop)
             return
         if mode == "broker":
-            from bgq.worker import consume
+            from bgq.consumer import consume
 
             barrier()
             with GracefulStop() as stop:  # what `bgq consume` runs; SIGTERM ends it
@@ -1293,14 +1293,14 @@ Then the workers get SIGTERM. A processing cell that does not finish within the 
 shows `timeout (done/N in …)`.
 
 - bgq work: worker processes call `bgq.work.work(queue, sub_queue=None, priorities=None,
-  stop=stop)` inside `bgq.worker.GracefulStop` (what `bgq work` runs, one process per worker); on
+  stop=stop)` inside `bgq.stopping.GracefulStop` (what `bgq work` runs, one process per worker); on
   PostgreSQL they wake on LISTEN/NOTIFY, on MariaDB they poll adaptively. The enqueue cells of a
   work row read `= cron` when the cron row of the same dialect is in the run: publishing is the
   same `Queue.publish` / `start_bulk()` call into the same kind of table whichever worker
   processes the jobs, so those calls are measured once, in the cron row, and not again.
 - bgq cron: worker processes loop `queue.process()` until no unfinished job is left (several
   cron workers race for the same due ids; the loser's claim is refused by the procedure).
-- bgq broker: worker processes run `bgq.worker.consume` (what `bgq consume` runs) on RabbitMQ.
+- bgq broker: worker processes run `bgq.consumer.consume` (what `bgq consume` runs) on RabbitMQ.
 - bgq bulk: `start_bulk()` / `end_bulk()` with `bulk_size=500`; groups: `serial_group="one"` or
   `"g<i % 100>"`. Between cases the bgq tables are emptied with TRUNCATE.
 - procrastinate: `task.defer()` / `task.batch_defer()` (500 per call), workers

@@ -1,4 +1,4 @@
-"""Operations for people: requeue, unfinished identifiers, the monitor, clear-finished (a Queue mixin)."""
+"""Operations for people: requeue, a job's row, unfinished identifiers, the monitor, clear-finished."""
 
 from __future__ import annotations
 
@@ -6,24 +6,35 @@ import datetime as dt
 import json
 from typing import Any
 
+from . import retry
+from .config import Config
 from .procs import JobRef
+from .sender import Sender
+from .store import Store
 from .validate import MAX_TEXT
 
 
-class Operations:
-    """Queue's operations side; Queue provides config, log, database, procs, _send and _retrying."""
+class Admin:
+    """One queue's operations for people and tools (`bgq requeue`, `bgq monitor`, `bgq
+    clear-finished`); each is one procedure call in a transaction of its own."""
+
+    def __init__(self, config: Config, store: Store, sender: Sender) -> None:
+        self.config = config
+        self.store = store
+        self.sender = sender
+        self.log = config.logger
 
     def requeue(self, job_id: int, reason: str) -> JobRef:
         """The DBA's manual requeue: the job becomes READY again (not while PROCESSING)."""
-        with self.database.transaction() as conn:
-            job = self.procs.requeue(conn, job_id, reason)
-        self._send([(job.id, job.queue, job.priority, None)])
+        with self.store.database.transaction() as conn:
+            job = self.store.procs.requeue(conn, job_id, reason)
+        self.sender.send([(job.id, job.queue, job.priority, None)])
         return job
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:
         """The job's row, for people and tests."""
-        with self.database.transaction() as conn:
-            return self.procs.get_job(conn, job_id)
+        with self.store.database.transaction() as conn:
+            return self.store.procs.get_job(conn, job_id)
 
     #: A PROCESSING job started longer ago than this (s) is stuck for the monitor (24 hours).
     STUCK_RUN_S = 86400
@@ -46,8 +57,8 @@ class Operations:
             wanted = [i for i in wanted if len(i) <= MAX_TEXT]  # longer ones cannot be stored
             if not wanted:
                 return []
-        with self.database.transaction() as conn:
-            return self.procs.unfinished_identifiers(
+        with self.store.database.transaction() as conn:
+            return self.store.procs.unfinished_identifiers(
                 conn, self.config.queue, json.dumps(wanted) if wanted else None, exclude_processing
             )
 
@@ -60,27 +71,23 @@ class Operations:
         count is not 0 it logs one record, critical if there are permanent failures or long runs,
         else warning.
         """
-        with self.database.transaction() as conn:
-            rows = self.procs.monitor(conn, self.config.queue, self.STUCK_RUN_S)
-        report = {r.state: {"count": r.job_count, "oldest_since": r.oldest_since} for r in rows}
-        temporary, permanent, running = report[4], report[5], report[2]
+        with self.store.database.transaction() as conn:
+            rows = self.store.procs.monitor(conn, self.config.queue, self.STUCK_RUN_S)
+        report: dict[int, dict[str, Any]] = {
+            r.state: {"count": r.job_count, "oldest_since": r.oldest_since} for r in rows
+        }
+        counts = {r.state: r.job_count for r in rows}
+        oldest = {r.state: self._stamp(r.oldest_since) for r in rows}
         parts = []
-        if temporary["count"]:
-            parts.append(
-                f"{temporary['count']}x TEMPORARILY_FAILED (oldest {self._stamp(temporary['oldest_since'])})"
-            )
-        if permanent["count"]:
-            parts.append(
-                f"{permanent['count']}x PERMANENTLY_FAILED (oldest {self._stamp(permanent['oldest_since'])})"
-            )
-        if running["count"]:
-            parts.append(
-                f"{running['count']}x PROCESSING running longer than 24 hours "
-                f"(since {self._stamp(running['oldest_since'])})"
-            )
+        if counts[4]:
+            parts.append(f"{counts[4]}x TEMPORARILY_FAILED (oldest {oldest[4]})")
+        if counts[5]:
+            parts.append(f"{counts[5]}x PERMANENTLY_FAILED (oldest {oldest[5]})")
+        if counts[2]:
+            parts.append(f"{counts[2]}x PROCESSING running longer than 24 hours (since {oldest[2]})")
         if parts:
             message = f"bgq: Stuck jobs report: {', '.join(parts)}."
-            if permanent["count"] or running["count"]:
+            if counts[5] or counts[2]:
                 self.log.critical(message)
             else:
                 self.log.warning(message)
@@ -103,4 +110,6 @@ class Operations:
         if days:
             midnight = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
             before = midnight - dt.timedelta(days=days)
-        return self._retrying(lambda conn: self.procs.clear_finished(conn, self.config.queue, before))
+        return retry.in_transaction(
+            self.store.database, lambda conn: self.store.procs.clear_finished(conn, self.config.queue, before)
+        )

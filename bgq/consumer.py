@@ -2,42 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-import signal
 import time
 from collections.abc import Sequence
-from types import FrameType
 
 from .broker import DIE, BrokerError, Consumer, Delivery
 from .errors import BgqError, ConfigError
-from .queue import Queue
+from .parts import Parts
+from .stopping import GracefulStop
 
 #: Seconds one take() waits before the loop looks at its stop flag again.
 POLL_SECONDS = 1.0
 
 
-class GracefulStop:
-    """SIGTERM / SIGINT set a flag: the running callback finishes and its result is written first."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> GracefulStop:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.requested = True
-
-
 def consume(
-    queue: Queue, sub_queue: str | None, jobs: int, priorities: Sequence[int], stop: GracefulStop
+    queue: Parts, sub_queue: str | None, jobs: int, priorities: Sequence[int], stop: GracefulStop
 ) -> int:
     """Handle `jobs` messages (0: until stopped) and return the process exit code (0)."""
     producer = queue.config.producer
@@ -47,11 +27,12 @@ def consume(
         )
     consumer: Consumer = producer.consumer()
     base = queue.config.queue_name(sub_queue)
-    log = queue.log
+    log = queue.config.logger
+    executor = queue.executor
     handled = 0
     queue.reaper.start()  # stalled jobs are reaped without cron (bgq/reaper.py)
     try:
-        while (jobs == 0 or handled < jobs) and not stop.requested and not queue.should_die:
+        while (jobs == 0 or handled < jobs) and not stop.requested and not executor.should_die:
             try:
                 delivery = consumer.take(base, priorities, timeout=POLL_SECONDS)
             except BrokerError as exc:  # the next take() reconnects
@@ -71,7 +52,7 @@ def consume(
                 delivery.ack()
                 continue
             try:
-                queue.process_job(job_id, on_claimed=lambda d=delivery: _ack(d, log))
+                executor.process_job(job_id, on_claimed=functools.partial(_ack, delivery, log))
             except BgqError as exc:  # the claim failed (database down?): give the message back
                 delivery.reject()
                 log.critical(f"bgq: Unexpected error occurred. (ID: {job_id})", exc_info=exc)
@@ -83,7 +64,7 @@ def consume(
     return 0
 
 
-def _ack(delivery: Delivery, log: logging.Logger | logging.LoggerAdapter) -> None:
+def _ack(delivery: Delivery, log: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:
     """Acknowledge after the claim committed. If that fails the broker redelivers the id, and the
     claim already decided who runs the job: the duplicate is 'unexpected' or 'skipped' and is
     dropped, so the job still runs exactly once. A failed ack never stops this job."""

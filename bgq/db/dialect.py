@@ -1,0 +1,59 @@
+"""What a dialect module provides (the Protocol) and the records it exchanges with the rest of bgq."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sqlalchemy.engine import Connection
+
+from ..errors import BgqError
+
+
+@dataclass(frozen=True)
+class InstalledRoutine:
+    """A routine as the server's catalogue shows it (install-procs' check of what is installed)."""
+
+    name: str  # lower case, with the table prefix
+    inputs: tuple[str, ...]  # the IN parameters' names, in order
+    signature: str  # every parameter with its mode and type, as the catalogue prints them
+    definition_digest: str | None  # MD5 of the catalogue's definition; None when it is not readable
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A stored procedure's signature: its file name, kind and typed parameters."""
+
+    name: str
+    params: tuple[tuple[str, str], ...]  # (parameter name, PostgreSQL type)
+    function: bool = False  # a scalar function (SELECT f(...)), not a row-returning call
+
+
+class Dialect(Protocol):
+    """What differs between MySQL/MariaDB and PostgreSQL, and nothing else."""
+
+    name: str
+
+    def call_sql(self, table: str, proc: Proc) -> str:
+        """The statement that calls `proc` with positional %s placeholders."""
+
+    def now_sql(self) -> str:
+        """The server's current UTC time with sub-second precision."""
+
+    def drop_sql(self, table: str, name: str, function: bool) -> str:
+        """Drop an installed procedure or function if it exists."""
+
+    def routines(self, conn: Connection, names: Sequence[str]) -> list[InstalledRoutine]:
+        """The routines of the current database / schema among `names` (lower case); a name
+        with overloads (PostgreSQL) appears once per overload."""
+
+    def translate(self, exc: BaseException) -> BgqError | None:
+        """Map a driver exception to bgq's by its error code (never its text): the procedures'
+        coded errors, and the server's (lock timeout, deadlock, lost connection, ...) as the
+        DatabaseError subclass whose `retryable` says whether a retry may cure it; None when the
+        code is not one bgq names."""
+
+    def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
+        """Statements run on each new connection of bgq's engine: lock waits end after `seconds`,
+        and the server cuts a session left idle inside a transaction for `seconds`."""

@@ -1,0 +1,245 @@
+"""Runs claimed jobs: the callback with its hooks and heartbeat, then its result, written and followed up."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy.engine import Connection
+
+from . import params as params_codec
+from . import retry, runner
+from .config import Config
+from .errors import BgqError, SerializationError
+from .heartbeat import Heartbeat
+from .procs import ClaimResult, FinishResult
+from .sender import Sender
+from .states import JobState, Mode
+from .store import Store
+
+T = TypeVar("T")
+PERSIST_PAUSES = (0.0, 0.05, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)  # s before each try of a result write
+CLAIM_TRIES = 5  # a deadlock or lock-wait timeout in the claim is retried this many times
+
+
+class Executor:
+    """One queue's executor. Every worker mode runs a job through it: `process_job` claims one job
+    by id (broker mode, cron's broker pass); `bgq work` claims in batches itself and calls
+    `run`, `finish` (or writes the result with the group's hand-off) and `after_finish`.
+    `should_die` turns True after a DieException: every worker loop stops claiming then."""
+
+    def __init__(self, config: Config, store: Store, sender: Sender) -> None:
+        self.config = config
+        self.store = store
+        self.sender = sender
+        self.log = config.logger
+        self.heartbeat = Heartbeat(config, store)  # the running job's proof of life (bgq/heartbeat.py)
+        self.should_die = False
+
+    # --- one job by id ---
+
+    def process_job(self, job_id: int, on_claimed: Callable[[], None] | None = None) -> str:
+        """Queue.process_job (its docstring is the contract)."""
+        cfg = self.config
+        metadata_json = None
+        if cfg.on_processing_get_metadata is not None:
+            metadata_json = self.metadata(job_id)
+        claim = self.retrying(
+            lambda conn: self.store.procs.claim(
+                conn, job_id, cfg.queue, os.getpid(), cfg.waiting_job_expiration, metadata_json
+            )
+        )
+        if on_claimed is not None:
+            on_claimed()
+        if claim.promoted_id is not None:
+            self.sender.send_job(claim.promoted_id)
+        if claim.outcome == "locked" and claim.queue is not None and claim.priority is not None:
+            self.sender.send([(job_id, claim.queue, claim.priority, None)])  # another worker holds the group
+        if claim.outcome == "unexpected":
+            self._log_unexpected(job_id, claim.state)
+        if claim.outcome != "claimed":
+            return claim.outcome
+        self.heartbeat.start(job_id, claim.attempt or 0)
+        try:
+            outcome = self.run(job_id, claim)
+        finally:
+            self.heartbeat.stop()  # cleared before the result is written (SPEC B §1.5)
+        self.finish(job_id, claim, outcome)
+        return claim.outcome
+
+    def _log_unexpected(self, job_id: int, state: int | None) -> None:
+        """A job that is not claimable, left alone and counted as "unexpected". PROCESSING is a
+        race another worker won (a redelivered message, overlapping runs): normal, so INFO; any
+        other state (PERMANENTLY_FAILED) at WARNING. Neither needs a person, so never CRITICAL."""
+        level = logging.INFO if state == JobState.PROCESSING else logging.WARNING
+        self.log.log(level, f'bgq: Unexpected state "{state}". (ID: {job_id})')
+
+    # --- the steps every mode shares ---
+
+    def still_ours(self, job_id: int, attempt: int, claimed_at: float) -> bool:
+        """Whether a claimed job may start now. A claim older than half of stalled_job_timeout
+        (`claimed_at`: time.monotonic() before the claim; it counts the time a process spent
+        stopped) may have been reaped and run by another worker while this one was frozen, or
+        while its claim or acknowledgement was slow: a fenced heartbeat says whether the claim
+        still holds, and renews it, before the callback starts. A job taken over is left alone
+        (logged at WARNING); one whose check fails on the database is left to the reaper."""
+        timeout = self.config.stalled_job_timeout
+        if not timeout or time.monotonic() - claimed_at <= timeout / 2:
+            return True
+        try:
+            alive = self.retrying(lambda conn: self.store.procs.heartbeat(conn, job_id, attempt))
+        except BgqError as exc:
+            self.log.warning(
+                f"bgq: Checking a late job's claim failed; left to the reaper. (ID: {job_id}) ({exc})"
+            )
+            return False
+        if not alive:
+            self.log.warning(
+                f"bgq: The job was taken over before it started (reaped while this worker was held "
+                f"up); left alone. (ID: {job_id})"
+            )
+        return alive
+
+    def metadata(self, job_id: int) -> str | None:
+        """on_processing_get_metadata's value for the job, as JSON (None: no such job)."""
+        store = self.store
+        with store.database.transaction() as conn:
+            row = store.procs.get_job(conn, job_id)
+        if row is None:
+            return None
+        parameters = params_codec.decode(
+            row["parameters_json"], row["parameters"], allow_pickle=self.config.allow_pickle
+        )
+        hook = self.config.on_processing_get_metadata
+        return json.dumps(hook(parameters) if hook is not None else None, default=str)
+
+    def store_metadata(self, job_id: int, attempt: int) -> None:
+        """bgq work: store on_processing_get_metadata's value for a job claimed in a batch."""
+        metadata_json = self.metadata(job_id)
+        if metadata_json is not None:
+            with self.store.database.transaction() as conn:
+                self.store.procs.heartbeat(conn, job_id, attempt, metadata_json=metadata_json)
+
+    def retrying(self, call: Callable[[Connection], T]) -> T:
+        """Run `call` in a transaction under bgq's retry policy (bgq/retry.py): a retryable error
+        (lock timeout, deadlock, serialisation failure, lost connection) runs it again, CLAIM_TRIES
+        attempts in all."""
+        return retry.in_transaction(self.store.database, call, tries=CLAIM_TRIES)
+
+    def run(self, job_id: int, claim: ClaimResult) -> runner.Outcome:
+        """The callback, with the queue's hooks (bgq/runner.py): its outcome, never an exception."""
+        cfg = self.config
+        spec = cfg.callbacks.get(claim.callback_name or "")
+        if spec is None:
+            message = f'Callback "{claim.callback_name}" does not exist.'
+            self.log.critical(f"bgq: {message} (ID: {job_id})")
+            return runner.Outcome(JobState.PERMANENTLY_FAILED, message)
+        try:
+            parameters = params_codec.decode(
+                claim.parameters_json, claim.parameters, allow_pickle=cfg.allow_pickle
+            )
+        except (SerializationError, ValueError) as exc:
+            return runner.Outcome(JobState.PERMANENTLY_FAILED, runner.describe(exc), exception=exc)
+        return runner.run(spec.func, parameters, claim.attempt or 0, cfg)
+
+    def finish(
+        self,
+        job_id: int,
+        claim: ClaimResult,
+        outcome: runner.Outcome,
+        then: Callable[[Connection], T] | None = None,
+    ) -> T | None:
+        """Write the job's result with `{table}_finish` (retrying hard: the callback has run), then
+        log and publish what follows from it. `then` runs in the same transaction after the
+        finish (bgq work claims a clone's group's next head there); its value is returned."""
+        memory = json.dumps(outcome.memory) if outcome.memory is not None else None
+        clone_delay = self.clone_delay(claim, outcome)
+
+        def write(conn: Connection) -> tuple[FinishResult, T | None]:
+            result = self.store.procs.finish(
+                conn, job_id, claim.attempt or 0, int(outcome.state), outcome.error,
+                outcome.postponed_by, outcome.execution_time, memory, clone_delay_ms=clone_delay,
+            )  # fmt: skip
+            return result, (then(conn) if then is not None else None)
+
+        written = self.persist(write, f"bgq: Writing the result failed; retrying. (ID: {job_id})")
+        if outcome.die:
+            self.should_die = True
+        if written is None:
+            return None
+        self.after_finish(job_id, claim, outcome, written[0], clone_delay)
+        return written[1]
+
+    def persist(self, call: Callable[[Connection], T], failure: str) -> T | None:
+        """Run `call` in a transaction, trying hard (the callback has run): after a failure wait
+        PERSIST_PAUSES and try again; None if all failed (the job stays PROCESSING until the reaper
+        takes it back). The first retries come fast: a cut session or a deadlock is cured at once,
+        and a result must not wait so long that the reaper takes the job it belongs to. A retryable
+        error (deadlock, lock timeout, lost connection) is logged at WARNING, with `failure` as the
+        message; a non-retryable one, and the last failure, at CRITICAL with its traceback."""
+        for attempt, pause in enumerate(PERSIST_PAUSES):
+            time.sleep(pause)
+            try:
+                with self.store.database.transaction() as conn:
+                    return call(conn)
+            except BgqError as exc:
+                if attempt == len(PERSIST_PAUSES) - 1:
+                    self.log.critical(f"{failure} Gave up after {attempt + 1} attempts.", exc_info=exc)
+                elif retry.retryable(exc):
+                    self.log.warning(f"{failure} ({exc})")
+                else:
+                    self.log.critical(failure, exc_info=exc)
+        return None
+
+    def clone_delay(self, claim: ClaimResult, outcome: runner.Outcome) -> int | None:
+        """A RECURRING job that finished (a Skip too) and a WaitingException both leave a fresh copy,
+        due after waiting_job_expiration; the finish procedure inserts it in the same transaction."""
+        recurring_done = claim.mode == Mode.RECURRING and outcome.state is JobState.FINISHED
+        return self.config.waiting_job_expiration if (outcome.clone or recurring_done) else None
+
+    def after_finish(
+        self, job_id: int, claim: ClaimResult, outcome: runner.Outcome, result: FinishResult,
+        clone_delay: int | None,
+    ) -> None:  # fmt: skip
+        """Log what the written result calls for and publish its follow-ups in broker mode."""
+        cfg = self.config
+        if not result.finished:
+            self.log.warning(
+                f"bgq: The job was taken over while it ran; its result is dropped. (ID: {job_id})"
+            )
+            return
+        attempts = claim.attempt or 0
+        if outcome.state is JobState.TEMPORARILY_FAILED:
+            if cfg.notify_on_number_of_attempts and attempts == cfg.notify_on_number_of_attempts:
+                self.log.critical(
+                    f'bgq: Number of attempts reached "{attempts}". (ID: {job_id})',
+                    exc_info=outcome.exception,
+                )
+        elif outcome.state is JobState.PERMANENTLY_FAILED:
+            self.log.critical(f"bgq: Permanent error occurred. (ID: {job_id})", exc_info=outcome.exception)
+        send = self.sender.send
+        if outcome.state is JobState.TEMPORARILY_FAILED:
+            send([(job_id, claim.queue or cfg.queue, claim.priority or 0, outcome.postponed_by)])
+        if result.promoted_id is not None:
+            send(
+                [
+                    (
+                        result.promoted_id,
+                        result.promoted_queue or cfg.queue,
+                        result.promoted_priority or 0,
+                        None,
+                    )
+                ]
+            )
+        if result.clone_id is not None:
+            send([(result.clone_id, claim.queue or cfg.queue, claim.priority or 0, clone_delay)])
+
+    # --- for callbacks ---
+
+    def install_heartbeat(self, engine: Any) -> Callable[[], None]:
+        """Queue.install_heartbeat (its docstring is the contract)."""
+        return self.heartbeat.install(engine)

@@ -1,0 +1,32 @@
+"""What a worker loop drives: the parts of a queue (a Protocol that bgq.Queue satisfies).
+
+bgq/work.py, bgq/consumer.py and bgq/cron.py take any object with these parts, so none of them
+imports bgq/queue.py, and bgq/queue.py can call them without an import cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .config import Config
+from .executor import Executor
+from .reaper import Reaper
+from .sender import Sender
+from .store import Store
+
+
+class Parts(Protocol):
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def sender(self) -> Sender: ...
+
+    @property
+    def executor(self) -> Executor: ...
+
+    @property
+    def reaper(self) -> Reaper: ...

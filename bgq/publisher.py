@@ -1,0 +1,141 @@
+"""Publishing: one job, a bulk of them, or inside the application's transaction (the outbox)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
+from . import outbox
+from . import params as params_codec
+from .config import Config
+from .db import dialect_name
+from .errors import PublishError
+from .procs import NewJob
+from .sender import Sender
+from .states import Mode
+from .store import Store
+from .validate import new_job
+
+#: Parameter bytes per multi-row INSERT of a bulk: far below MariaDB's default max_allowed_packet
+#: (16 MiB) even when escaping doubles them; a larger bulk is inserted in several statements.
+BULK_INSERT_BYTES = 4 * 1024 * 1024
+
+
+def _by_size(jobs: list[NewJob]) -> Iterator[list[NewJob]]:
+    """Consecutive runs of `jobs` whose parameters take at most BULK_INSERT_BYTES (one job at least)."""
+    chunk: list[NewJob] = []
+    size = 0
+    for job in jobs:
+        job_size = params_codec.encoded_size(job.parameters_json, job.parameters)
+        if chunk and size + job_size > BULK_INSERT_BYTES:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(job)
+        size += job_size
+    if chunk:
+        yield chunk
+
+
+@dataclass
+class Bulk:
+    """Jobs published since start_bulk(): those not inserted yet, and the ids of those inserted."""
+
+    jobs: list[NewJob] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+
+
+class Publisher:
+    """Validates a job completely, then inserts it (`{table}_insert`) and hands its id to the Sender."""
+
+    def __init__(self, config: Config, store: Store, sender: Sender) -> None:
+        self.config = config
+        self.store = store
+        self.sender = sender
+        self.bulk_batch: Bulk | None = None
+
+    def publish(
+        self,
+        callback_name: str,
+        parameters: list[Any] | tuple[Any, ...] | dict[str, Any] | None = None,
+        *,
+        serial_group: str | None = None,
+        identifier: str | None = None,
+        mode: Mode | str = Mode.NORMAL,
+        postpone_by: int | dt.timedelta | None = None,
+        priority: int | None = None,
+        coalesce_threshold: int | None = None,
+        connection: Session | Connection | None = None,
+    ) -> int | None:
+        """Queue.publish (its docstring is the contract)."""
+        job = new_job(
+            self.config, callback_name, parameters, serial_group, identifier, mode, postpone_by, priority,
+            coalesce_threshold,
+        )  # fmt: skip
+        if connection is None and self.bulk_batch is not None:
+            self.bulk_batch.jobs.append(job)
+            if len(self.bulk_batch.jobs) >= self.config.bulk_size:
+                self._flush_bulk()
+            return None
+        store = self.store
+        if connection is None:
+            with store.database.transaction() as conn:
+                job_id = store.procs.insert(conn, job)
+            self.sender.send([(job_id, job.queue, job.priority, job.postponed_by)])
+            return job_id
+        conn = connection.connection() if isinstance(connection, Session) else connection
+        if not isinstance(conn, Connection):
+            raise PublishError("connection must be a SQLAlchemy Session or Connection.")
+        if dialect_name(conn.dialect.name) != store.database.dialect.name:
+            raise PublishError(
+                f"connection is {conn.dialect.name}, the queue's database {store.database.dialect.name}."
+            )
+        job_id = store.procs.insert(conn, job)
+        if self.config.producer is not None:
+            outbox.add(
+                connection, (job_id, job.queue, job.priority, job.postponed_by), self.sender.send_pending
+            )
+        return job_id
+
+    def start_bulk(self) -> None:
+        """Buffer publish() calls; every `bulk_size` jobs go in one multi-row INSERT."""
+        if self.bulk_batch is None:
+            self.bulk_batch = Bulk()
+
+    def end_bulk(self) -> list[int]:
+        """Insert what is buffered and return the ids of every job published since start_bulk()."""
+        if self.bulk_batch is None:
+            return []
+        try:
+            self._flush_bulk()
+            return self.bulk_batch.ids
+        finally:
+            self.bulk_batch = None
+
+    @contextmanager
+    def bulk(self) -> Iterator[Bulk]:
+        """`with queue.bulk() as batch: ...` then `batch.ids`; an exception inside inserts nothing more."""
+        self.start_bulk()
+        batch = self.bulk_batch
+        assert batch is not None
+        try:
+            yield batch
+        except BaseException:
+            self.bulk_batch = None
+            raise
+        self.end_bulk()
+
+    def _flush_bulk(self) -> None:
+        batch = self.bulk_batch
+        if batch is None or not batch.jobs:
+            return
+        jobs, batch.jobs = batch.jobs, []
+        with self.store.database.transaction() as conn:
+            ids = [i for chunk in _by_size(jobs) for i in self.store.procs.insert_many(conn, chunk)]
+        batch.ids.extend(ids)
+        self.sender.send([(i, j.queue, j.priority, j.postponed_by) for i, j in zip(ids, jobs, strict=True)])

@@ -1,0 +1,48 @@
+"""Sends job ids to the broker once the database holds them; a failed send leaves the job BROKER_FAILED."""
+
+from __future__ import annotations
+
+from . import outbox
+from .config import Config
+from .errors import BgqError
+from .store import Store
+
+#: (job id, queue, priority, delay in ms or None): what the broker needs to deliver a job.
+Message = tuple[int, str, int, int | None]
+
+
+class Sender:
+    """The broker side of every part: publishing, finishing, reaping and requeueing all end here.
+    In cron mode (no producer) every method is a no-op."""
+
+    def __init__(self, config: Config, store: Store) -> None:
+        self.config = config
+        self.store = store
+
+    def send(self, jobs: list[Message]) -> None:
+        """Send job ids to the broker; a failed send marks the job BROKER_FAILED for `bgq process`."""
+        producer = self.config.producer
+        if producer is None:
+            return
+        for job_id, queue, priority, delay_ms in jobs:
+            try:
+                producer.publish(job_id, queue, priority, delay_ms or None)
+            except BgqError as exc:
+                self.config.logger.critical(
+                    f"bgq: Publishing to the broker failed. (ID: {job_id})", exc_info=exc
+                )
+                with self.store.database.transaction() as conn:
+                    self.store.procs.broker_failed(conn, job_id, f"{type(exc).__name__}: {exc}")
+
+    def send_pending(self, items: list[outbox.Pending]) -> None:
+        """The outbox's flush after the application's commit."""
+        self.send([(i.job_id, i.queue, i.priority, i.delay_ms) for i in items])
+
+    def send_job(self, job_id: int) -> None:
+        """Send a job a procedure made ready (promoted, requeued, reaped), with its own delay."""
+        if self.config.producer is None:
+            return
+        with self.store.database.transaction() as conn:
+            row = self.store.procs.get_job(conn, job_id)
+        if row is not None:
+            self.send([(job_id, row["queue"], row["priority"], row["postponed_by"])])
