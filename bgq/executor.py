@@ -48,6 +48,7 @@ class Executor:
         metadata_json = None
         if cfg.on_processing_get_metadata is not None:
             metadata_json = self.metadata(job_id)
+        claimed_at = time.monotonic()
         claim = self.retrying(
             lambda conn: self.store.procs.claim(
                 conn, job_id, cfg.queue, os.getpid(), cfg.waiting_job_expiration, metadata_json
@@ -63,6 +64,8 @@ class Executor:
             self._log_unexpected(job_id, claim.state)
         if claim.outcome != "claimed":
             return claim.outcome
+        if not self.still_ours(job_id, claim.attempt or 0, claimed_at):
+            return "taken_over"
         self.heartbeat.start(job_id, claim.attempt or 0)
         try:
             outcome = self.run(job_id, claim)

@@ -14,6 +14,7 @@ import datetime as dt
 import multiprocessing
 import os
 import signal
+import time
 from collections import Counter
 
 import pytest
@@ -176,3 +177,43 @@ def test_stalled_job_backoff_is_the_reaped_jobs_wait(make_queue, installed, back
     assert (row["state"], row["postponed_by"]) == (4, postponed_ms)
     if backoff == 0:
         assert queue.process().outcomes == {"claimed": 1}
+
+
+def test_a_consumer_held_up_between_claim_and_start_does_not_run_a_job_taken_over(make_queue, installed):
+    """Found by the chaos harness (full preset, broker mode, MariaDB): a `bgq consume` process
+    SIGSTOPped after its claim was acknowledged, for longer than stalled_job_timeout, started the
+    callback on SIGCONT although the reaper had given the job to another worker, which had run it
+    already: the job ran twice. A claim older than half of stalled_job_timeout is now checked by a
+    fenced heartbeat before the callback starts (Executor.still_ours, shared with `bgq work`)."""
+    ran = []
+    options = {"stalled_job_timeout": 2, "stalled_job_backoff": 0}
+    zombie = make_queue(callbacks={"job": lambda: ran.append("zombie")}, **options)
+    owner = make_queue(callbacks={"job": lambda: ran.append("owner")}, **options)
+    job = zombie.publish("job")
+
+    def held_up() -> None:  # what a SIGSTOP after the acknowledgement does: time passes, others move on
+        time.sleep(1.2)  # past half of stalled_job_timeout (time.monotonic() counts a stopped process)
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30)
+        assert [r.id for r in owner.reaper.run_once(later)] == [job]
+        assert owner.process_job(job) == "claimed"
+
+    assert zombie.process_job(job, on_claimed=held_up) == "taken_over"
+    assert ran == ["owner"]
+    row = installed.sql("SELECT state, number_of_attempts FROM {t} WHERE id = %s", (job,))[0]
+    assert (row["state"], row["number_of_attempts"]) == (JobState.FINISHED, 2)
+
+
+def test_a_late_claim_that_still_holds_runs_and_is_renewed(make_queue, installed):
+    """The same check lets a late job whose claim nobody took run: its heartbeat is renewed first,
+    so the reaper (which would take it at stalled_job_timeout) leaves it alone meanwhile."""
+    seen = []
+
+    def look() -> None:
+        seen.append(installed.sql("SELECT updated_at, last_attempt_at FROM {t} WHERE id = %s", (job,))[0])
+
+    queue = make_queue(callbacks={"job": look}, stalled_job_timeout=2)
+    job = queue.publish("job")
+    assert queue.process_job(job, on_claimed=lambda: time.sleep(1.2)) == "claimed"
+    (row,) = seen
+    assert (row["updated_at"] - row["last_attempt_at"]).total_seconds() >= 1.0  # renewed after the wait
+    assert installed.sql("SELECT state FROM {t} WHERE id = %s", (job,))[0]["state"] == JobState.FINISHED
