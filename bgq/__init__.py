@@ -26,8 +26,8 @@ from .errors import (
     UnknownCallbackError,
     WaitingException,
 )
+from .model import JobState, Mode
 from .queue import Queue
-from .states import JobState, Mode
 
 __all__ = [
     "BackgroundQueueException",

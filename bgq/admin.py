@@ -8,7 +8,7 @@ from typing import Any
 
 from . import retry
 from .config import Config
-from .procs import JobRef
+from .model import JobRef
 from .sender import Sender
 from .store import Store
 from .validate import MAX_TEXT
@@ -42,12 +42,7 @@ class Admin:
     def get_unfinished_job_identifiers(
         self, identifiers: list[str] | tuple[str, ...] = (), exclude_processing: bool = False
     ) -> list[str]:
-        """The distinct identifiers of this queue's jobs that still have work ahead, sorted.
-
-        A job is finished when FINISHED, REDUNDANT or PERMANENTLY_FAILED (and, with
-        `exclude_processing`, PROCESSING: a running job does not count). `identifiers` limits the
-        answer to those; empty means every job that has an identifier.
-        """
+        """Queue.get_unfinished_job_identifiers (its docstring is the contract)."""
         if isinstance(identifiers, str | bytes):
             raise TypeError("identifiers must be a list of strings, not one string.")
         wanted = list(identifiers)

@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 
 from .errors import BgqError
+from .model import JobState
 from .parts import Parts
-from .states import JobState
 from .work import run_until_idle
 
 PROCESS_LIMIT = 1000  # jobs per process() run, as in the original

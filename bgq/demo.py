@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .model import TERMINAL, JobState
 from .queue import Queue
-from .states import TERMINAL, JobState
 
 CANONICAL = "a1 b1 c2 d1 e1 f2 g1"  # letter = publish order, digit = priority
 EXPECTED = "a b d e g c f"

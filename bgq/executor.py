@@ -16,9 +16,8 @@ from . import retry, runner
 from .config import Config
 from .errors import BgqError, SerializationError
 from .heartbeat import Heartbeat
-from .procs import ClaimResult, FinishResult
+from .model import ClaimResult, FinishResult, JobState, Mode, Outcome
 from .sender import Sender
-from .states import JobState, Mode
 from .store import Store
 
 T = TypeVar("T")
@@ -133,27 +132,27 @@ class Executor:
         attempts in all."""
         return retry.in_transaction(self.store.database, call, tries=CLAIM_TRIES)
 
-    def run(self, job_id: int, claim: ClaimResult) -> runner.Outcome:
+    def run(self, job_id: int, claim: ClaimResult) -> Outcome:
         """The callback, with the queue's hooks (bgq/runner.py): its outcome, never an exception."""
         cfg = self.config
         spec = cfg.callbacks.get(claim.callback_name or "")
         if spec is None:
             message = f'Callback "{claim.callback_name}" does not exist.'
             self.log.critical(f"bgq: {message} (ID: {job_id})")
-            return runner.Outcome(JobState.PERMANENTLY_FAILED, message)
+            return Outcome(JobState.PERMANENTLY_FAILED, message)
         try:
             parameters = params_codec.decode(
                 claim.parameters_json, claim.parameters, allow_pickle=cfg.allow_pickle
             )
         except (SerializationError, ValueError) as exc:
-            return runner.Outcome(JobState.PERMANENTLY_FAILED, runner.describe(exc), exception=exc)
+            return Outcome(JobState.PERMANENTLY_FAILED, runner.describe(exc), exception=exc)
         return runner.run(spec.func, parameters, claim.attempt or 0, cfg)
 
     def finish(
         self,
         job_id: int,
         claim: ClaimResult,
-        outcome: runner.Outcome,
+        outcome: Outcome,
         then: Callable[[Connection], T] | None = None,
     ) -> T | None:
         """Write the job's result with `{table}_finish` (retrying hard: the callback has run), then
@@ -198,14 +197,14 @@ class Executor:
                     self.log.critical(failure, exc_info=exc)
         return None
 
-    def clone_delay(self, claim: ClaimResult, outcome: runner.Outcome) -> int | None:
+    def clone_delay(self, claim: ClaimResult, outcome: Outcome) -> int | None:
         """A RECURRING job that finished (a Skip too) and a WaitingException both leave a fresh copy,
         due after waiting_job_expiration; the finish procedure inserts it in the same transaction."""
         recurring_done = claim.mode == Mode.RECURRING and outcome.state is JobState.FINISHED
         return self.config.waiting_job_expiration if (outcome.clone or recurring_done) else None
 
     def after_finish(
-        self, job_id: int, claim: ClaimResult, outcome: runner.Outcome, result: FinishResult,
+        self, job_id: int, claim: ClaimResult, outcome: Outcome, result: FinishResult,
         clone_delay: int | None,
     ) -> None:  # fmt: skip
         """Log what the written result calls for and publish its follow-ups in broker mode."""

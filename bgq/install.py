@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+import jinja2
 
 from .db import Database, InstalledRoutine
 from .errors import SchemaVersionError
@@ -13,7 +16,8 @@ from .procs import ALL_PROCS, INTERNAL_PROCS, Procs
 
 #: The procedure set this package expects; bump it when any procedure's behaviour changes.
 SCHEMA_VERSION = "2"
-_PLACEHOLDER = "{{ table }}"
+#: The shared SQL rules every procedure file may use (Jinja macros: in_queue, due, ...).
+_RULES = "macros/rules.sql"
 #: {table}_meta rows "routine:<name>" hold each installed routine's fingerprint.
 _ROUTINE_KEY = "routine:"
 
@@ -42,13 +46,24 @@ class SqlFiles:
         schema = (folder / "schema.sql").read_text()
         routines = {name: (folder / f"{name}.sql").read_text() for name in names}
         digest = hashlib.sha256(schema.encode())
+        digest.update((folder / _RULES).read_bytes())
         for name in sorted(routines):
             digest.update(name.encode() + b"\0" + routines[name].encode())
         return cls(schema, routines, digest.hexdigest()[:16])
 
 
-def render(text: str, table: str) -> str:
-    return text.replace(_PLACEHOLDER, table)
+def render(text: str, table: str, dialect: str) -> str:
+    """A SQL file as it is installed: rendered by Jinja with `table` and the dialect's shared
+    rules (db/<dialect>/macros/rules.sql), so a rule such as "due" is written once per dialect."""
+    return _environment(dialect).from_string(text).render(table=table)
+
+
+@functools.cache
+def _environment(dialect: str) -> jinja2.Environment:
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    rules = env.from_string((sql_dir(dialect) / _RULES).read_text()).module
+    env.globals.update({name: macro for name, macro in vars(rules).items() if not name.startswith("_")})
+    return env
 
 
 def _statements(text: str) -> list[str]:
@@ -103,7 +118,7 @@ def install(db: Database, table: str) -> bool:
     files = SqlFiles.load(db.dialect.name)
     procs = Procs(db, table)
     with db.transaction() as conn:
-        procs.run(conn, _statements(render(files.schema, table)))
+        procs.run(conn, _statements(render(files.schema, table, db.dialect.name)))
     with db.transaction() as conn:
         meta = procs.installed(conn)
         current = meta.get("version") == SCHEMA_VERSION and meta.get("checksum") == files.checksum
@@ -118,9 +133,8 @@ def install(db: Database, table: str) -> bool:
     with db.transaction() as conn:
         for name, text in files.routines.items():  # in install order: callees first
             if name in names:
-                procs.run(
-                    conn, [db.dialect.drop_sql(table, name, name in functions), render(text, table).strip()]
-                )
+                create = render(text, table, db.dialect.name).strip()
+                procs.run(conn, [db.dialect.drop_sql(table, name, name in functions), create])
         found = procs.routines(conn)
         values = {"version": SCHEMA_VERSION, "checksum": files.checksum}
         values.update({_ROUTINE_KEY + name: fingerprint(found[name]) for name in files.routines})

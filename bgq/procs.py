@@ -7,13 +7,13 @@ import dataclasses
 import datetime as dt
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
 from .db import Database, InstalledRoutine, Proc
 from .errors import JobNotFoundError
+from .model import Claimed, ClaimResult, FinishResult, GroupHead, JobRef, JobResult, NewJob, Reaped, StuckJobs
 
 # Signatures of db/<dialect>/<name>.sql; the PostgreSQL types double as documentation.
 CLAIM = Proc(
@@ -133,95 +133,6 @@ _INSERT_COLUMNS = (
     "postponed_by",
     "processed_by_broker",
 )
-
-
-@dataclass(frozen=True)
-class ClaimResult:
-    outcome: str  # claimed | waiting | redundant | locked | missing | skipped | unexpected
-    attempt: int | None
-    state: int | None
-    predecessor_id: int | None
-    promoted_id: int | None
-    callback_name: str | None
-    parameters_json: Any
-    parameters: bytes | None
-    queue: str | None
-    priority: int | None
-    serial_group: str | None
-    identifier: str | None
-    mode: str | None
-    coalesce_threshold: int | None
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """A job that {table}_claim_batch claimed for the caller: its id and its claim."""
-
-    id: int
-    claim: ClaimResult
-
-
-@dataclass(frozen=True)
-class JobResult:
-    """One job's result for {table}_finish_batch (state 1 READY gives back an unstarted job)."""
-
-    id: int
-    attempt: int
-    state: int
-    error: str | None = None
-    postponed_by: int | None = None
-    execution_time: int | None = None
-    memory: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class FinishResult:
-    finished: bool
-    promoted_id: int | None
-    promoted_queue: str | None
-    promoted_priority: int | None
-    clone_id: int | None = None
-
-
-@dataclass(frozen=True)
-class JobRef:
-    """A job to act on: its id, state, queue and priority (due jobs, promotions, requeues)."""
-
-    id: int
-    state: int | None
-    queue: str
-    priority: int
-
-
-@dataclass(frozen=True)
-class GroupHead:
-    serial_group: str
-    id: int
-    priority: int
-
-
-@dataclass(frozen=True)
-class Reaped:
-    id: int
-    queue: str
-    priority: int
-    pid: int | None
-    stalled_since: dt.datetime
-
-
-@dataclass(frozen=True)
-class NewJob:
-    queue: str
-    priority: int
-    callback_name: str
-    parameters_json: str | None
-    parameters: bytes | None
-    serial_group: str | None
-    coalesce_threshold: int | None
-    identifier: str | None
-    mode: str
-    postponed_by: int | None
-    processed_by_broker: bool
 
 
 class Procs:
@@ -515,15 +426,6 @@ def _insert_values(job: NewJob) -> tuple[Any, ...]:
 def _utc(value: dt.datetime) -> dt.datetime:
     """pymysql returns naive UTC datetimes, psycopg aware ones: make both aware UTC."""
     return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
-
-
-@dataclass(frozen=True)
-class StuckJobs:
-    """One row of the monitor: a state, how many jobs are stuck in it, and since when."""
-
-    state: int
-    job_count: int
-    oldest_since: dt.datetime | None
 
 
 class Listener:

@@ -16,9 +16,8 @@ from . import params as params_codec
 from .config import Config
 from .db import dialect_name
 from .errors import PublishError
-from .procs import NewJob
+from .model import Mode, NewJob
 from .sender import Sender
-from .states import Mode
 from .store import Store
 from .validate import new_job
 

@@ -23,11 +23,11 @@ from .admin import Admin
 from .config import Config, build_config
 from .db import Database
 from .executor import Executor
-from .procs import JobRef, Procs
+from .model import JobRef, Mode
+from .procs import Procs
 from .publisher import Bulk, Publisher
 from .reaper import Reaper
 from .sender import Sender
-from .states import Mode
 from .store import Store
 
 

@@ -23,7 +23,7 @@ from .sender import Sender
 from .store import Store
 
 if TYPE_CHECKING:
-    from .procs import Reaped
+    from .model import Reaped
 
 REAP_LIMIT = 1000  # jobs one pass reaps at most
 REAP_INTERVAL = 2.0  # seconds between two passes of a continuous worker's reaper (x 0.5 .. 1.5)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .config import Config
@@ -15,26 +14,12 @@ from .errors import (
     SkipException,
     WaitingException,
 )
-from .states import JobState
+from .model import JobState, Outcome
 
 
 def backoff_ms(attempts: int) -> int:
     """Delay before retry number `attempts`: min(16, 2^(attempts-1)) minutes (attempts 0: 30 s)."""
     return int(min(16.0, 2.0 ** (min(attempts, 5) - 1)) * 60_000)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a job's run amounts to, ready for the finish procedure."""
-
-    state: JobState
-    error: str | None = None
-    postponed_by: int | None = None
-    execution_time: int | None = None
-    memory: dict[str, Any] | None = None
-    exception: BaseException | None = None
-    die: bool = False  # the worker stops before its next job
-    clone: bool = False  # WaitingException: a fresh copy runs after waiting_job_expiration
 
 
 def invoke(func: Callable[..., Any], parameters: Any) -> Any:

@@ -8,8 +8,7 @@ from typing import Any
 from . import params as params_codec
 from .config import Config, encodable
 from .errors import PriorityError, PublishError, UnknownCallbackError
-from .procs import NewJob
-from .states import Mode
+from .model import Mode, NewJob
 
 MAX_TEXT = 255  # VARCHAR(255): serial_group, identifier
 _MAX_INT32 = 2**31 - 1

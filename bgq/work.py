@@ -35,11 +35,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from . import runner
 from .errors import BgqError, ConfigError
+from .model import Claimed, FinishResult, JobResult, JobState, Outcome
 from .parts import Parts
-from .procs import Claimed, FinishResult, JobResult, Listener
-from .states import JobState
+from .procs import Listener
 from .stopping import GracefulStop
 
 BATCH_MAX = 100  # jobs one claim takes at most (`bgq work --batch`)
@@ -67,7 +66,7 @@ class _Done:
     """An ungrouped job's result waiting for the writer."""
 
     job: Claimed
-    outcome: runner.Outcome | None  # None: given back unstarted
+    outcome: Outcome | None  # None: given back unstarted
 
 
 def work(
@@ -313,7 +312,7 @@ class _Worker:
         if outcome.die:
             executor.should_die = True
 
-    def _hand_off(self, job: Claimed, outcome: runner.Outcome, group: str) -> None:
+    def _hand_off(self, job: Claimed, outcome: Outcome, group: str) -> None:
         """Write a grouped job's result and claim its group's next head for this worker, in one
         call and one transaction; the head runs next. After CHAIN_MAX hand-offs (or CHAIN_SECONDS)
         in one group, the same call makes a full claim instead, so ungrouped jobs and other groups'

@@ -24,7 +24,8 @@ import pytest
 from bgq import JobState
 from bgq.db import Database
 from bgq.errors import BgqError
-from bgq.procs import JobResult, Procs
+from bgq.model import JobResult
+from bgq.procs import Procs
 from tests import work_app
 from tests.test_work import cli  # noqa: F401  (the fixture)
 from tests.work_app import wait_until

@@ -69,7 +69,7 @@ def test_install_procs_repairs_a_dropped_procedure(fresh, db_url):
 def test_a_procedure_changed_by_hand_fails_the_check_and_install_procs_restores_it(fresh, dialect):
     db, table = fresh
     # The same procedure with one extra comment line in its body: same name, other definition.
-    text = render((sql_dir(dialect) / "requeue.sql").read_text(), table)
+    text = render((sql_dir(dialect) / "requeue.sql").read_text(), table, dialect)
     assert "BEGIN\n" in text
     edited = text.replace("BEGIN\n", "BEGIN\n    -- edited by hand\n", 1)
     _drop(db, table, "requeue")

@@ -32,9 +32,11 @@ def test_wheel_ships_the_sql_and_finds_it(tmp_path):
     (wheel,) = tmp_path.glob("bgq-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for dialect in ("mysql", "postgres"):
-        expected = {p.name for p in (ROOT / "db" / dialect).glob("*.sql")}
-        shipped = {Path(n).name for n in names if n.startswith(f"bgq/sql/{dialect}/") and n.endswith(".sql")}
-        assert shipped == expected and "claim.sql" in shipped
+        folder = ROOT / "db" / dialect
+        expected = {p.relative_to(folder).as_posix() for p in folder.rglob("*.sql")}
+        prefix = f"bgq/sql/{dialect}/"
+        shipped = {n[len(prefix) :] for n in names if n.startswith(prefix) and n.endswith(".sql")}
+        assert shipped == expected and {"claim.sql", "macros/rules.sql"} <= shipped
     unpacked = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(unpacked)
     code = "from bgq.install import sql_dir, SqlFiles; print(sql_dir('postgres')); SqlFiles.load('mysql')"

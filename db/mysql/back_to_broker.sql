@@ -32,7 +32,7 @@ BEGIN
         FROM {{ table }}
         WHERE
             state = -1
-            AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+            AND {{ in_queue() }}
         ORDER BY id
         LIMIT p_limit;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;

@@ -142,14 +142,8 @@ BEGIN
         WHERE
             h.state IN (1, 4, 6, 8)
             AND h.priority BETWEEN v_min AND v_max
-            AND (
-                h.queue = p_queue OR LEFT(h.queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_')
-            )
-            AND (
-                h.processed_by_broker = 1
-                OR GREATEST(h.created_at, COALESCE(h.last_attempt_at, h.created_at))
-                + INTERVAL CEIL(COALESCE(h.postponed_by, 0) / 1000) SECOND <= v_now
-            )
+            AND {{ in_queue('h') }}
+            AND {{ due('h') }}
             AND NOT EXISTS (
                 SELECT 1 FROM {{ table }} AS x
                 WHERE x.running_group = p_group
@@ -177,12 +171,8 @@ BEGIN
                 FROM {{ table }}
                 WHERE
                     ungrouped_priority BETWEEN v_min AND v_max
-                    AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
-                    AND (
-                        processed_by_broker = 1
-                        OR GREATEST(created_at, COALESCE(last_attempt_at, created_at))
-                        + INTERVAL CEIL(COALESCE(postponed_by, 0) / 1000) SECOND <= v_now
-                    )
+                    AND {{ in_queue() }}
+                    AND {{ due() }}
                 ORDER BY ungrouped_priority, id
                 LIMIT p_limit
                 FOR UPDATE SKIP LOCKED  -- noqa: PRS
@@ -219,12 +209,8 @@ BEGIN
                 WHERE
                     j.state IN (1, 4, 6, 8)
                     AND j.priority BETWEEN v_min AND v_max
-                    AND (j.queue = p_queue OR LEFT(j.queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
-                    AND (
-                        j.processed_by_broker = 1
-                        OR GREATEST(j.created_at, COALESCE(j.last_attempt_at, j.created_at))
-                        + INTERVAL CEIL(COALESCE(j.postponed_by, 0) / 1000) SECOND <= v_now
-                    )
+                    AND {{ in_queue('j') }}
+                    AND {{ due('j') }}
                     AND NOT EXISTS (
                         SELECT 1 FROM {{ table }} AS r
                         WHERE r.running_group = j.serial_group

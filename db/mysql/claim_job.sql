@@ -57,7 +57,7 @@ BEGIN
         FROM {{ table }}
         WHERE
             id = p_id
-            AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'));
+            AND {{ in_queue() }};
         IF v_found = 0 THEN
             SET o_outcome = 'missing';
             LEAVE body;
@@ -104,7 +104,7 @@ BEGIN
             SELECT 1 FROM {{ table }}
             WHERE
                 identifier = v_identifier AND id < p_id
-                AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+                AND {{ in_queue() }}
         ) THEN
             UPDATE {{ table }}
             SET state = 7, finished_at = v_now, updated_at = v_now

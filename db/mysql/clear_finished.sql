@@ -56,7 +56,7 @@ BEGIN
     WHERE
         state = 3
         AND created_at <= COALESCE(p_before, v_now)
-        AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'));
+        AND {{ in_queue() }};
     SET v_deleted = ROW_COUNT();
 
     OPEN c_groups;

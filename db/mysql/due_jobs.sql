@@ -34,13 +34,8 @@ BEGIN
             (p_broker_mode = 0 AND state IN (1, 4, 6, 8))
             OR (p_broker_mode <> 0 AND state IN (-1, 8))
         )
-        AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
-        AND (
-            state = -1
-            OR processed_by_broker = 1
-            OR GREATEST(created_at, COALESCE(last_attempt_at, created_at))
-            + INTERVAL CEIL(COALESCE(postponed_by, 0) / 1000) SECOND <= v_now
-        )
+        AND {{ in_queue() }}
+        AND (state = -1 OR {{ due() }})
     ORDER BY id
     LIMIT p_limit;
 END

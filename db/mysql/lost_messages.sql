@@ -47,9 +47,8 @@ BEGIN
         WHERE
             state IN (1, 4)
             AND updated_at < v_now - INTERVAL p_timeout_s SECOND
-            AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
-            AND GREATEST(created_at, COALESCE(last_attempt_at, created_at))
-            + INTERVAL CEIL(COALESCE(postponed_by, 0) / 1000) SECOND <= v_now
+            AND {{ in_queue() }}
+            AND {{ postponement_over() }}
         ORDER BY id
         LIMIT p_limit;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;

@@ -39,7 +39,7 @@ BEGIN
         FROM {{ table }}
         WHERE
             state = 4
-            AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+            AND {{ in_queue() }}
         UNION ALL
         SELECT
             2 AS position,
@@ -49,7 +49,7 @@ BEGIN
         FROM {{ table }}
         WHERE
             state = 5
-            AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+            AND {{ in_queue() }}
         UNION ALL
         SELECT
             3 AS position,
@@ -60,7 +60,7 @@ BEGIN
         WHERE
             state = 2
             AND last_attempt_at < v_now - INTERVAL p_long_s SECOND
-            AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+            AND {{ in_queue() }}
     ) AS r
     ORDER BY r.position;
 END

@@ -48,7 +48,7 @@ BEGIN
         WHERE
             state = 2
             AND updated_at < v_now - INTERVAL p_timeout_s SECOND
-            AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+            AND {{ in_queue() }}
         ORDER BY id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED; -- noqa: PRS

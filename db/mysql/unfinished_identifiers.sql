@@ -31,7 +31,7 @@ BEGIN
             identifier IS NOT NULL
             AND state NOT IN (3, 5, 7)
             AND (p_exclude_processing = 0 OR state <> 2)
-            AND (queue = p_queue OR LEFT(queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+            AND {{ in_queue() }}
         GROUP BY identifier
         ORDER BY identifier;
     ELSE
@@ -47,7 +47,7 @@ BEGIN
         WHERE
             j.state NOT IN (3, 5, 7)
             AND (p_exclude_processing = 0 OR j.state <> 2)
-            AND (j.queue = p_queue OR LEFT(j.queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+            AND {{ in_queue('j') }}
         GROUP BY j.identifier
         ORDER BY j.identifier;
     END IF;

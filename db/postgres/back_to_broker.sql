@@ -40,7 +40,7 @@ BEGIN
         SELECT j.id
         FROM {{ table }} AS j
         WHERE j.state = -1
-          AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_')
+          AND {{ in_queue('j') }}
         ORDER BY j.id
         LIMIT p_limit
     LOOP

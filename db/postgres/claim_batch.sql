@@ -130,12 +130,8 @@ BEGIN
         WHERE
             h.state IN (1, 4, 6, 8)
             AND h.priority BETWEEN v_min AND v_max
-            AND (h.queue = p_queue OR LEFT(h.queue, LENGTH(p_queue) + 1) = p_queue || '_')
-            AND (
-                h.processed_by_broker = 1
-                OR GREATEST(h.created_at, COALESCE(h.last_attempt_at, h.created_at))
-                + CEIL(COALESCE(h.postponed_by, 0) / 1000.0) * INTERVAL '1 second' <= v_now
-            )
+            AND {{ in_queue('h') }}
+            AND {{ due('h') }}
             AND NOT EXISTS (
                 SELECT 1 FROM {{ table }} AS x WHERE x.serial_group = p_group AND x.state = 2
             );
@@ -157,12 +153,8 @@ BEGIN
                     j.serial_group IS NULL
                     AND j.state IN (1, 4, 6, 8)
                     AND j.priority BETWEEN v_min AND v_max
-                    AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_')
-                    AND (
-                        j.processed_by_broker = 1
-                        OR GREATEST(j.created_at, COALESCE(j.last_attempt_at, j.created_at))
-                        + CEIL(COALESCE(j.postponed_by, 0) / 1000.0) * INTERVAL '1 second' <= v_now
-                    )
+                    AND {{ in_queue('j') }}
+                    AND {{ due('j') }}
                 ORDER BY j.priority, j.id
                 LIMIT p_limit
                 FOR UPDATE SKIP LOCKED
@@ -204,12 +196,8 @@ BEGIN
             WHERE
                 h.state IN (1, 4, 6, 8)
                 AND h.priority BETWEEN v_min AND v_max
-                AND (h.queue = p_queue OR LEFT(h.queue, LENGTH(p_queue) + 1) = p_queue || '_')
-                AND (
-                    h.processed_by_broker = 1
-                    OR GREATEST(h.created_at, COALESCE(h.last_attempt_at, h.created_at))
-                    + CEIL(COALESCE(h.postponed_by, 0) / 1000.0) * INTERVAL '1 second' <= v_now
-                )
+                AND {{ in_queue('h') }}
+                AND {{ due('h') }}
                 AND NOT EXISTS (
                     SELECT 1 FROM {{ table }} AS x
                     WHERE x.serial_group = h.serial_group AND x.state = 2

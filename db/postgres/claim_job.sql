@@ -45,7 +45,7 @@ BEGIN
         SELECT j.serial_group, j.mode, j.identifier INTO v_group, v_mode, v_identifier
         FROM {{ table }} AS j
         WHERE j.id = p_id
-          AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_');
+          AND {{ in_queue('j') }};
         IF NOT FOUND THEN
             o_outcome := 'missing';
             EXIT body;
@@ -85,7 +85,7 @@ BEGIN
         IF v_mode = 'unique' AND EXISTS (
             SELECT 1 FROM {{ table }} AS o
             WHERE o.identifier = v_identifier AND o.id < p_id
-              AND (o.queue = p_queue OR LEFT(o.queue, LENGTH(p_queue) + 1) = p_queue || '_')
+              AND {{ in_queue('o') }}
         ) THEN
             UPDATE {{ table }} AS j
             SET state = 7, finished_at = v_now, updated_at = v_now

@@ -44,7 +44,7 @@ BEGIN
     DELETE FROM {{ table }} AS j
     WHERE j.state = 3
       AND j.created_at <= COALESCE(p_before, v_now)
-      AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_');
+      AND {{ in_queue('j') }};
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
 
     -- The candidate group rows, each locked as it is fetched (a row in use is skipped) and then

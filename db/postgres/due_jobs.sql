@@ -41,13 +41,8 @@ BEGIN
             (p_broker_mode = 0 AND j.state IN (1, 4, 6, 8))
             OR (p_broker_mode <> 0 AND j.state IN (-1, 8))
         )
-        AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_')
-        AND (
-            j.state = -1
-            OR j.processed_by_broker = 1
-            OR GREATEST(j.created_at, COALESCE(j.last_attempt_at, j.created_at))
-            + CEIL(COALESCE(j.postponed_by, 0) / 1000.0) * INTERVAL '1 second' <= v_now
-        )
+        AND {{ in_queue('j') }}
+        AND (j.state = -1 OR {{ due('j') }})
     ORDER BY j.id
     LIMIT p_limit;
 END;

@@ -51,9 +51,8 @@ BEGIN
         FROM {{ table }} AS j
         WHERE j.state IN (1, 4)
           AND j.updated_at < v_now - p_timeout_s * INTERVAL '1 second'
-          AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_')
-          AND GREATEST(j.created_at, COALESCE(j.last_attempt_at, j.created_at))
-          + CEIL(COALESCE(j.postponed_by, 0) / 1000.0) * INTERVAL '1 second' <= v_now
+          AND {{ in_queue('j') }}
+          AND {{ postponement_over('j') }}
         ORDER BY j.id
         LIMIT p_limit
     LOOP

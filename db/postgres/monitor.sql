@@ -41,20 +41,20 @@ BEGIN
             MIN(j.created_at) AS oldest_since
         FROM {{ table }} AS j
         WHERE j.state = 4
-          AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_')
+          AND {{ in_queue('j') }}
         UNION ALL
         SELECT 2 AS position, 5::SMALLINT AS state, COUNT(*) AS job_count,
             MIN(j.created_at) AS oldest_since
         FROM {{ table }} AS j
         WHERE j.state = 5
-          AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_')
+          AND {{ in_queue('j') }}
         UNION ALL
         SELECT 3 AS position, 2::SMALLINT AS state, COUNT(*) AS job_count,
             MIN(j.last_attempt_at) AS oldest_since
         FROM {{ table }} AS j
         WHERE j.state = 2
           AND j.last_attempt_at < v_now - p_long_s * INTERVAL '1 second'
-          AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_')
+          AND {{ in_queue('j') }}
     ) AS r
     ORDER BY r.position;
 END;

@@ -57,7 +57,7 @@ BEGIN
         FROM {{ table }} AS j
         WHERE j.state = 2
           AND j.updated_at < v_now - p_timeout_s * INTERVAL '1 second'
-          AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_')
+          AND {{ in_queue('j') }}
         ORDER BY j.id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED

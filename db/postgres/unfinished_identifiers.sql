@@ -37,7 +37,7 @@ BEGIN
         WHERE j.identifier IS NOT NULL
           AND j.state NOT IN (3, 5, 7)
           AND (p_exclude_processing = 0 OR j.state <> 2)
-          AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_')
+          AND {{ in_queue('j') }}
         GROUP BY j.identifier
         ORDER BY j.identifier COLLATE "C";
     ELSE
@@ -50,7 +50,7 @@ BEGIN
             )
           AND j.state NOT IN (3, 5, 7)
           AND (p_exclude_processing = 0 OR j.state <> 2)
-          AND (j.queue = p_queue OR LEFT(j.queue, LENGTH(p_queue) + 1) = p_queue || '_')
+          AND {{ in_queue('j') }}
         GROUP BY j.identifier
         ORDER BY j.identifier COLLATE "C";
     END IF;

@@ -13,7 +13,8 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from bgq.procs import ClaimResult, FinishResult, NewJob, Procs
+from bgq.model import ClaimResult, FinishResult, NewJob
+from bgq.procs import Procs
 
 UTC = dt.UTC
 #: The clock of every time-dependent test (far from the server's clock, with microseconds).

@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 import bgq
-from bgq.procs import JobResult
+from bgq.model import JobResult
 
 from .helpers import (
     PID,

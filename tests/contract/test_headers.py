@@ -11,22 +11,8 @@ import pytest
 
 from bgq.db import mysql as mysql_dialect
 from bgq.db import postgres as postgres_dialect
-from bgq.procs import (
-    ALL_PROCS,
-    CLAIM,
-    DUE_JOBS,
-    FINISH,
-    GROUP_HEADS,
-    PROMOTE_WAITING,
-    REAP,
-    REQUEUE,
-    ClaimResult,
-    FinishResult,
-    GroupHead,
-    JobRef,
-    Reaped,
-)
-from bgq.states import JobState, Mode
+from bgq.model import ClaimResult, FinishResult, GroupHead, JobRef, JobState, Mode, Reaped
+from bgq.procs import ALL_PROCS, CLAIM, DUE_JOBS, FINISH, GROUP_HEADS, PROMOTE_WAITING, REAP, REQUEUE
 
 from .helpers import T0, new_job
 

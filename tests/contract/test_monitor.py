@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bgq.procs import StuckJobs
+from bgq.model import StuckJobs
 
 from .helpers import T0, at, claimed, new_job, procs, set_row
 

@@ -6,7 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from bgq.install import SCHEMA_VERSION
-from bgq.states import JobState, Mode
+from bgq.model import JobState, Mode
 
 from .helpers import (
     T0,

@@ -1,0 +1,157 @@
+"""bgq's domain types, shared by every part: job states and modes, a job, a claim, an outcome, a result."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+from typing import Any
+
+# --- states and modes (mirroring the CHECK constraints of db/<dialect>/schema.sql) ---
+
+
+class JobState(IntEnum):
+    BACK_TO_BROKER = -1
+    READY = 1
+    PROCESSING = 2
+    FINISHED = 3
+    TEMPORARILY_FAILED = 4
+    PERMANENTLY_FAILED = 5
+    WAITING = 6
+    REDUNDANT = 7
+    BROKER_FAILED = 8
+
+
+#: States a claim accepts ("ready to process").
+CLAIMABLE = frozenset(
+    {
+        JobState.BACK_TO_BROKER,
+        JobState.READY,
+        JobState.TEMPORARILY_FAILED,
+        JobState.WAITING,
+        JobState.BROKER_FAILED,
+    }
+)
+#: States after which a job never runs again by itself.
+TERMINAL = frozenset({JobState.FINISHED, JobState.REDUNDANT, JobState.PERMANENTLY_FAILED})
+
+
+class Mode(StrEnum):
+    NORMAL = "normal"
+    UNIQUE = "unique"
+    RECURRING = "recurring"
+
+
+# --- a job on its way: published, claimed, run, written (procedure rows as bgq/procs.py reads them) ---
+
+
+@dataclass(frozen=True)
+class NewJob:
+    queue: str
+    priority: int
+    callback_name: str
+    parameters_json: str | None
+    parameters: bytes | None
+    serial_group: str | None
+    coalesce_threshold: int | None
+    identifier: str | None
+    mode: str
+    postponed_by: int | None
+    processed_by_broker: bool
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    outcome: str  # claimed | waiting | redundant | locked | missing | skipped | unexpected
+    attempt: int | None
+    state: int | None
+    predecessor_id: int | None
+    promoted_id: int | None
+    callback_name: str | None
+    parameters_json: Any
+    parameters: bytes | None
+    queue: str | None
+    priority: int | None
+    serial_group: str | None
+    identifier: str | None
+    mode: str | None
+    coalesce_threshold: int | None
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A job that {table}_claim_batch claimed for the caller: its id and its claim."""
+
+    id: int
+    claim: ClaimResult
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a job's run amounts to, ready for the finish procedure."""
+
+    state: JobState
+    error: str | None = None
+    postponed_by: int | None = None
+    execution_time: int | None = None
+    memory: dict[str, Any] | None = None
+    exception: BaseException | None = None
+    die: bool = False  # the worker stops before its next job
+    clone: bool = False  # WaitingException: a fresh copy runs after waiting_job_expiration
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """One job's result for {table}_finish_batch (state 1 READY gives back an unstarted job)."""
+
+    id: int
+    attempt: int
+    state: int
+    error: str | None = None
+    postponed_by: int | None = None
+    execution_time: int | None = None
+    memory: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class FinishResult:
+    finished: bool
+    promoted_id: int | None
+    promoted_queue: str | None
+    promoted_priority: int | None
+    clone_id: int | None = None
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A job to act on: its id, state, queue and priority (due jobs, promotions, requeues)."""
+
+    id: int
+    state: int | None
+    queue: str
+    priority: int
+
+
+@dataclass(frozen=True)
+class GroupHead:
+    serial_group: str
+    id: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class Reaped:
+    id: int
+    queue: str
+    priority: int
+    pid: int | None
+    stalled_since: dt.datetime
+
+
+@dataclass(frozen=True)
+class StuckJobs:
+    """One row of the monitor: a state, how many jobs are stuck in it, and since when."""
+
+    state: int
+    job_count: int
+    oldest_since: dt.datetime | None

@@ -1,0 +1,25 @@
+{#- bgq's shared SQL rules for MySQL 8 / MariaDB 10.11: each is written here once and used by
+    every procedure that needs it (`bgq install-procs` and sqlfluff render them with Jinja).
+    `j` is the jobs table's alias in the calling statement ('' for none); the procedure has
+    p_queue and v_now in scope. -#}
+
+{#- The job belongs to the queue p_queue or to one of its sub-queues '<p_queue>_<sub>'. -#}
+{% macro in_queue(j='') -%}
+{%- set c = j ~ '.' if j else '' -%}
+({{ c }}queue = p_queue OR LEFT({{ c }}queue, CHAR_LENGTH(p_queue) + 1) = CONCAT(p_queue, '_'))
+{%- endmacro %}
+
+{#- The job's postponement is over: GREATEST(created_at, last_attempt_at) + CEIL(postponed_by / 1000) s
+    <= v_now (a NULL last_attempt_at or postponed_by counts as none). -#}
+{% macro postponement_over(j='') -%}
+{%- set c = j ~ '.' if j else '' -%}
+GREATEST({{ c }}created_at, COALESCE({{ c }}last_attempt_at, {{ c }}created_at))
++ INTERVAL CEIL(COALESCE({{ c }}postponed_by, 0) / 1000) SECOND <= v_now
+{%- endmacro %}
+
+{#- Due in cron mode: a job a broker handed back is due at once, any other once its postponement
+    is over. -#}
+{% macro due(j='') -%}
+{%- set c = j ~ '.' if j else '' -%}
+({{ c }}processed_by_broker = 1 OR {{ postponement_over(j) }})
+{%- endmacro %}
