@@ -1,4 +1,4 @@
-"""`bgq install-procs`: render db/<dialect>/*.sql for a table, install them, record version and checksums."""
+"""`bgq install-procs`: create or migrate the tables, install db/<dialect>/*.sql, record what it did."""
 
 from __future__ import annotations
 
@@ -9,12 +9,16 @@ from importlib import resources
 from pathlib import Path
 
 import jinja2
+from sqlalchemy.engine import Connection
 
+from . import migrate
 from .db import Database, InstalledRoutine
 from .errors import SchemaVersionError
+from .migrate import MIGRATION_KEY, Migration
 from .procs import ALL_PROCS, INTERNAL_PROCS, Procs
 
-#: The procedure set this package expects; bump it when any procedure's behaviour changes.
+#: The procedure set this package expects; bump it when any procedure's behaviour changes. (The
+#: tables' shape is versioned by the migrations in db/<dialect>/migrations/, bgq/migrate.py.)
 SCHEMA_VERSION = "2"
 #: The shared SQL rules every procedure file may use (Jinja macros: in_queue, due, ...).
 _RULES = "macros/rules.sql"
@@ -35,9 +39,10 @@ def sql_dir(dialect: str) -> Path:
 
 @dataclass(frozen=True)
 class SqlFiles:
-    schema: str
+    schema: str  # the head schema, for a table that does not exist yet
     routines: dict[str, str]  # name -> CREATE statement (still with the placeholder)
-    checksum: str
+    migrations: tuple[Migration, ...]  # migrations/, in order
+    checksum: str  # of all of the above
 
     @classmethod
     def load(cls, dialect: str) -> SqlFiles:
@@ -45,11 +50,14 @@ class SqlFiles:
         names = [p.name for p in (*ALL_PROCS, *INTERNAL_PROCS)]
         schema = (folder / "schema.sql").read_text()
         routines = {name: (folder / f"{name}.sql").read_text() for name in names}
+        migrations = migrate.load(folder / "migrations")
         digest = hashlib.sha256(schema.encode())
         digest.update((folder / _RULES).read_bytes())
         for name in sorted(routines):
             digest.update(name.encode() + b"\0" + routines[name].encode())
-        return cls(schema, routines, digest.hexdigest()[:16])
+        for m in migrations:
+            digest.update(b"migrations/" + m.name.encode() + b"\0" + m.text.encode())
+        return cls(schema, routines, migrations, digest.hexdigest()[:16])
 
 
 def render(text: str, table: str, dialect: str) -> str:
@@ -67,7 +75,7 @@ def _environment(dialect: str) -> jinja2.Environment:
 
 
 def _statements(text: str) -> list[str]:
-    """Split schema.sql on ';' at line ends, dropping comment-only chunks."""
+    """Split schema.sql (or a PostgreSQL migration) on ';' at line ends, dropping comment-only chunks."""
     out = []
     for chunk in text.split(";\n"):
         code = [line for line in chunk.splitlines() if line.strip() and not line.strip().startswith("--")]
@@ -111,14 +119,96 @@ def check_routines(meta: dict[str, str], found: dict[str, list[InstalledRoutine]
     return RoutineCheck(tuple(missing), tuple(changed), tuple(unrecorded))
 
 
-def install(db: Database, table: str) -> bool:
-    """Create the tables and install the procedures: every one when the recorded version or
-    checksum differs from the package's, else those missing, changed by hand or not yet
-    fingerprinted (a partial install is repaired). Returns False when already up to date."""
+def install(db: Database, table: str, *, lock_wait: float = migrate.LOCK_WAIT) -> bool:
+    """Bring the tables to this package's schema (`_migrate`), then install the procedures: every
+    one when the recorded version or checksum differs from the package's, else those missing,
+    changed by hand or not yet fingerprinted (a partial install is repaired). One install at a
+    time per table (migrate.install_lock; another one waits up to `lock_wait` seconds). Returns
+    False when everything was already up to date."""
     files = SqlFiles.load(db.dialect.name)
     procs = Procs(db, table)
+    with migrate.install_lock(db, table, lock_wait):
+        migrated = _migrate(db, procs, table, files)
+        return _install_routines(db, procs, table, files) or migrated
+
+
+def _migrate(db: Database, procs: Procs, table: str, files: SqlFiles) -> bool:
+    """A table that does not exist gets schema.sql, with every migration recorded as applied; an
+    existing one gets its pending migrations, in order, each recorded when it is done. True when
+    anything changed."""
     with db.transaction() as conn:
-        procs.run(conn, _statements(render(files.schema, table, db.dialect.name)))
+        exists = migrate.table_exists(db, conn, table)
+    if not exists:
+        # PostgreSQL: one transaction, so the tables and their record appear together. MySQL
+        # commits each CREATE: schema.sql creates the jobs table last, and a run cut short before
+        # the record is taken for a table without migration rows next time (see below).
+        with db.transaction() as conn:
+            procs.run(conn, _statements(render(files.schema, table, db.dialect.name)))
+            migrate.record(conn, table, files.migrations, f"with schema.sql {migrate.utc_now()}")
+        return True
+    with db.transaction() as conn:
+        meta = _existing_meta(procs, conn, table)
+    ahead = migrate.unknown(files.migrations, meta)
+    if ahead:
+        raise SchemaVersionError(
+            f"Table {table!r} ({db.safe_url}) has migrations this bgq does not know ({', '.join(ahead)}): "
+            "a newer bgq migrated it; run that version's `bgq install-procs`."
+        )
+    inferred = False
+    if not migrate.recorded(meta):
+        # Installed before migrations existed: the level comes from the recorded version
+        # (migrate.LEGACY_LEVELS); each migration step also checks the catalogue, so a level
+        # guessed too low is harmless.
+        level = migrate.legacy_level(db.dialect.name, meta)
+        if level:
+            with db.transaction() as conn:
+                value = f"inferred from version {meta.get('version')} {migrate.utc_now()}"
+                migrate.record(conn, table, files.migrations[:level], value)
+                meta = procs.installed(conn)
+            inferred = True
+    todo = migrate.pending(files.migrations, meta)
+    for migration in todo:
+        _apply(db, procs, table, migration)
+    return inferred or bool(todo)
+
+
+def _existing_meta(procs: Procs, conn: Connection, table: str) -> dict[str, str]:
+    try:
+        return procs.installed(conn)
+    except SchemaVersionError:
+        raise SchemaVersionError(
+            f"Table {table!r} exists but {table}_meta does not: it is not a bgq table (or its install "
+            "never got that far); rename or drop it, then run `bgq install-procs` again."
+        ) from None
+
+
+def _apply(db: Database, procs: Procs, table: str, migration: Migration) -> None:
+    """Run one migration and record it.
+
+    PostgreSQL: its statements and its record in one transaction. MySQL: the file is one helper
+    procedure, created, called once and dropped; its DDL commits implicitly, step by step, and
+    each step checks information_schema first, so a migration cut short is completed by the next
+    run (its record is written only once the call returned)."""
+    text = render(migration.text, table, db.dialect.name).strip()
+    with db.transaction() as conn:
+        if db.dialect.name == "mysql":
+            helper = migration.helper(table)
+            if f"CREATE PROCEDURE {helper}()" not in text:
+                raise ValueError(f"Migration {migration.name} must create the procedure {helper}().")
+            statements = [
+                f"DROP PROCEDURE IF EXISTS {helper}",
+                text,
+                f"CALL {helper}()",
+                f"DROP PROCEDURE {helper}",
+            ]
+            procs.run(conn, statements)
+        else:
+            procs.run(conn, _statements(text))
+        migrate.record(conn, table, [migration], f"applied {migrate.utc_now()}")
+    db.log.info(f"bgq: table {table}: applied migration {migration.name}")
+
+
+def _install_routines(db: Database, procs: Procs, table: str, files: SqlFiles) -> bool:
     with db.transaction() as conn:
         meta = procs.installed(conn)
         current = meta.get("version") == SCHEMA_VERSION and meta.get("checksum") == files.checksum
@@ -136,15 +226,18 @@ def install(db: Database, table: str) -> bool:
                 create = render(text, table, db.dialect.name).strip()
                 procs.run(conn, [db.dialect.drop_sql(table, name, name in functions), create])
         found = procs.routines(conn)
-        values = {"version": SCHEMA_VERSION, "checksum": files.checksum}
+        # record_install replaces every row: the migration rows are carried over.
+        values = {k: v for k, v in procs.installed(conn).items() if k.startswith(MIGRATION_KEY)}
+        values.update({"version": SCHEMA_VERSION, "checksum": files.checksum})
         values.update({_ROUTINE_KEY + name: fingerprint(found[name]) for name in files.routines})
         procs.record_install(conn, values)
     return True
 
 
 def check_installed(db: Database, table: str) -> None:
-    """Raise SchemaVersionError unless this package's procedures are installed for `table`: the
-    recorded version and checksum, and every routine present as install-procs left it."""
+    """Raise SchemaVersionError unless this package's schema and procedures are installed for
+    `table`: every migration recorded as applied (none unknown), the recorded version and
+    checksum, and every routine present as install-procs left it."""
     files = SqlFiles.load(db.dialect.name)
     try:
         with db.transaction() as conn:
@@ -156,6 +249,18 @@ def check_installed(db: Database, table: str) -> None:
     hint = f"run `bgq install-procs` (table {table!r}, database {db.safe_url})"
     if not meta:
         raise SchemaVersionError(f"bgq is not installed in this database: {hint}.")
+    behind = migrate.pending(files.migrations, meta)
+    if behind:
+        raise SchemaVersionError(
+            f"The bgq tables are behind this package's schema (migrations not applied: "
+            f"{', '.join(m.name for m in behind)}): {hint}."
+        )
+    ahead = migrate.unknown(files.migrations, meta)
+    if ahead:
+        raise SchemaVersionError(
+            f"The bgq tables were migrated by a newer bgq (migrations this package does not know: "
+            f"{', '.join(ahead)}): use that version (table {table!r}, database {db.safe_url})."
+        )
     if meta.get("version") != SCHEMA_VERSION or meta.get("checksum") != files.checksum:
         raise SchemaVersionError(
             f"The installed bgq procedures are version {meta.get('version')} ({meta.get('checksum')}), "
@@ -177,5 +282,8 @@ def uninstall(db: Database, table: str) -> None:
     with db.transaction() as conn:
         for proc in (*ALL_PROCS, *INTERNAL_PROCS):
             procs.run(conn, [db.dialect.drop_sql(table, proc.name, proc.function)])
+        if db.dialect.name == "mysql":  # a migration's helper that a failed run left behind
+            for migration in SqlFiles.load("mysql").migrations:
+                procs.run(conn, [f"DROP PROCEDURE IF EXISTS {migration.helper(table)}"])
         procs.run(conn, [f"DROP TABLE IF EXISTS {table}{suffix}" for suffix in ("_meta", "_group", "")])
         procs.run(conn, [db.dialect.drop_sql(table, "notify", True)])  # PostgreSQL's insert trigger

@@ -1,4 +1,4 @@
-"""The wheel carries db/<dialect>/*.sql, and an installed bgq finds them there."""
+"""The wheel carries db/<dialect>/*.sql and their migrations/, and an installed bgq finds them there."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from bgq.install import SqlFiles
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,11 +39,19 @@ def test_wheel_ships_the_sql_and_finds_it(tmp_path):
         prefix = f"bgq/sql/{dialect}/"
         shipped = {n[len(prefix) :] for n in names if n.startswith(prefix) and n.endswith(".sql")}
         assert shipped == expected and {"claim.sql", "macros/rules.sql"} <= shipped
+        assert any(n.startswith("migrations/0001_") for n in shipped)
     unpacked = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(unpacked)
-    code = "from bgq.install import sql_dir, SqlFiles; print(sql_dir('postgres')); SqlFiles.load('mysql')"
+    code = (
+        "from bgq.install import sql_dir, SqlFiles; print(sql_dir('postgres'));"
+        " print(len(SqlFiles.load('mysql').migrations), SqlFiles.load('postgres').checksum)"
+    )
     env = {**os.environ, "PYTHONPATH": str(unpacked)}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=tmp_path
     )
-    assert out.stdout.strip() == str(unpacked / "bgq" / "sql" / "postgres")
+    found, counts = out.stdout.strip().splitlines()
+    assert found == str(unpacked / "bgq" / "sql" / "postgres")
+    # The installed package loads the same migrations, and the same checksum, as the source tree.
+    source = f"{len(SqlFiles.load('mysql').migrations)} {SqlFiles.load('postgres').checksum}"
+    assert counts == source

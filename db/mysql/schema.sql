@@ -7,13 +7,35 @@
 --                      claim or finish locks it FOR UPDATE, so exclusion ends with the transaction)
 --                      and the group's WAITING head, kept by the procedures, so the safety net
 --                      finds every group's head without scanning waiting jobs.
---   {{ table }}_meta   the installed procedure version and checksum.
+--   {{ table }}_meta   the installed procedure version and checksum, and one row per applied
+--                      migration (migrations/).
+-- This is the head schema: `bgq install-procs` runs it for a table that does not exist yet and
+-- records every migration as applied; an existing table gets the pending migrations in
+-- migrations/ instead, never this file. A change here needs its migration (tests/test_migrations.py
+-- compares a migrated oldest schema with a fresh install). The jobs table is created last: MySQL
+-- commits each CREATE on its own, and install-procs takes an existing jobs table for a finished
+-- install, so its bookkeeping tables must already be there.
 -- States: -1 BACK_TO_BROKER, 1 READY, 2 PROCESSING, 3 FINISHED, 4 TEMPORARILY_FAILED,
 --         5 PERMANENTLY_FAILED, 6 WAITING, 7 REDUNDANT, 8 BROKER_FAILED.
 -- Timestamps are UTC (UTC_TIMESTAMP(6)), microsecond precision.
 -- Text that names a group, a queue or an identifier compares byte-wise (utf8mb4_bin), as on
 -- PostgreSQL. (utf8mb4_bin is PAD SPACE: 'g' and 'g ' are one group here; that only ever
 -- over-serialises. MySQL 8 could use utf8mb4_0900_bin, MariaDB utf8mb4_nopad_bin.)
+
+CREATE TABLE IF NOT EXISTS {{ table }}_group (
+    serial_group VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+    waiting_head_id BIGINT UNSIGNED NULL,
+    waiting_head_priority INT NULL,
+    updated_at DATETIME(6) NOT NULL,
+    PRIMARY KEY (serial_group),
+    KEY {{ table }}_group_waiting (waiting_head_id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
+
+CREATE TABLE IF NOT EXISTS {{ table }}_meta (
+    name VARCHAR(64) NOT NULL,
+    value VARCHAR(255) NOT NULL,
+    PRIMARY KEY (name)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
 
 CREATE TABLE IF NOT EXISTS {{ table }} (
     id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
@@ -61,27 +83,4 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     KEY {{ table }}_identifier (identifier),
     CONSTRAINT {{ table }}_state_check CHECK (state IN (-1, 1, 2, 3, 4, 5, 6, 7, 8)),
     CONSTRAINT {{ table }}_mode_check CHECK (mode IN ('normal', 'unique', 'recurring'))
-) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
-
--- Upgrading a version 1 table (before `bgq work`) needs the column and index above, once, by
--- hand, before `bgq install-procs` (this file keeps to what MySQL 8 and MariaDB both accept, and
--- MySQL 8 has no ADD COLUMN IF NOT EXISTS):
---   ALTER TABLE <table>
---   ADD COLUMN ungrouped_priority INT GENERATED ALWAYS AS
---       (CASE WHEN serial_group IS NULL AND state IN (1, 4, 6, 8) THEN priority END) STORED,
---   ADD INDEX <table>_ungrouped (ungrouped_priority, id);
-
-CREATE TABLE IF NOT EXISTS {{ table }}_group (
-    serial_group VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
-    waiting_head_id BIGINT UNSIGNED NULL,
-    waiting_head_priority INT NULL,
-    updated_at DATETIME(6) NOT NULL,
-    PRIMARY KEY (serial_group),
-    KEY {{ table }}_group_waiting (waiting_head_id)
-) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
-
-CREATE TABLE IF NOT EXISTS {{ table }}_meta (
-    name VARCHAR(64) NOT NULL,
-    value VARCHAR(255) NOT NULL,
-    PRIMARY KEY (name)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;

@@ -8,7 +8,12 @@
 --                      the row lock until the transaction ends) and the group's WAITING head,
 --                      kept by the functions, so the safety net finds every group's head without
 --                      scanning waiting jobs.
---   {{ table }}_meta   the installed procedure version and checksum.
+--   {{ table }}_meta   the installed procedure version and checksum, and one row per applied
+--                      migration (migrations/).
+-- This is the head schema: `bgq install-procs` runs it for a table that does not exist yet, in
+-- one transaction with the record of every migration as applied; an existing table gets the
+-- pending migrations in migrations/ instead, never this file. A change here needs its migration
+-- (tests/test_migrations.py compares a migrated oldest schema with a fresh install).
 -- States: -1 BACK_TO_BROKER, 1 READY, 2 PROCESSING, 3 FINISHED, 4 TEMPORARILY_FAILED,
 --         5 PERMANENTLY_FAILED, 6 WAITING, 7 REDUNDANT, 8 BROKER_FAILED.
 -- Timestamps are timestamptz (clock_timestamp()), microsecond precision.

@@ -1,0 +1,87 @@
+-- bgq schema, MySQL 8 / MariaDB 10.11.
+--
+-- {{ table }} is replaced by the configured table name (validated as a plain identifier) by
+-- `bgq install-procs`. Three tables:
+--   {{ table }}        the jobs; the source of truth.
+--   {{ table }}_group  one row per serial group ever claimed: the group's transactional lock (a
+--                      claim or finish locks it FOR UPDATE, so exclusion ends with the transaction)
+--                      and the group's WAITING head, kept by the procedures, so the safety net
+--                      finds every group's head without scanning waiting jobs.
+--   {{ table }}_meta   the installed procedure version and checksum.
+-- States: -1 BACK_TO_BROKER, 1 READY, 2 PROCESSING, 3 FINISHED, 4 TEMPORARILY_FAILED,
+--         5 PERMANENTLY_FAILED, 6 WAITING, 7 REDUNDANT, 8 BROKER_FAILED.
+-- Timestamps are UTC (UTC_TIMESTAMP(6)), microsecond precision.
+-- Text that names a group, a queue or an identifier compares byte-wise (utf8mb4_bin), as on
+-- PostgreSQL. (utf8mb4_bin is PAD SPACE: 'g' and 'g ' are one group here; that only ever
+-- over-serialises. MySQL 8 could use utf8mb4_0900_bin, MariaDB utf8mb4_nopad_bin.)
+
+CREATE TABLE IF NOT EXISTS {{ table }} (
+    id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+    queue VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+    priority INT NOT NULL,
+    callback_name VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+    parameters LONGBLOB NULL,
+    parameters_json JSON NULL,
+    state SMALLINT NOT NULL,
+    created_at DATETIME(6) NOT NULL,
+    last_attempt_at DATETIME(6) NULL,
+    number_of_attempts INT NOT NULL DEFAULT 0,
+    error_message TEXT NULL,
+    serial_group VARCHAR(255) COLLATE utf8mb4_bin NULL,
+    coalesce_threshold BIGINT NULL,
+    identifier VARCHAR(255) COLLATE utf8mb4_bin NULL,
+    postponed_by INT NULL,
+    processed_by_broker TINYINT(1) NOT NULL DEFAULT 0,
+    execution_time INT NULL,
+    finished_at DATETIME(6) NULL,
+    pid INT NULL,
+    metadata JSON NULL,
+    memory JSON NULL,
+    mode VARCHAR(16) NOT NULL DEFAULT 'normal',
+    updated_at DATETIME(6) NOT NULL,
+    -- The group while the job is PROCESSING, else NULL. Its unique index makes a second
+    -- PROCESSING job of one group impossible: the last line of defence behind the procedures.
+    running_group VARCHAR(255) COLLATE utf8mb4_bin
+    GENERATED ALWAYS AS (CASE WHEN state = 2 THEN serial_group END) STORED,
+    -- The group while the job is claimable (-1, 1, 4, 6, 8), else NULL: one index dive on
+    -- (pending_group, priority, id) gives a group's head, however many jobs wait in it.
+    pending_group VARCHAR(255) COLLATE utf8mb4_bin
+    GENERATED ALWAYS AS (CASE WHEN state IN (-1, 1, 4, 6, 8) THEN serial_group END) STORED,
+    -- The priority of an ungrouped job `bgq work` may claim (1, 4, 6, 8), else NULL: its index
+    -- gives {{ table }}_claim_batch the ungrouped jobs in (priority, id) order.
+    ungrouped_priority INT
+    GENERATED ALWAYS AS (CASE WHEN serial_group IS NULL AND state IN (1, 4, 6, 8) THEN priority END)
+    STORED,
+    PRIMARY KEY (id),
+    UNIQUE KEY {{ table }}_running_group (running_group),
+    KEY {{ table }}_ungrouped (ungrouped_priority, id),
+    KEY {{ table }}_pending_head (pending_group, priority, id),
+    KEY {{ table }}_group_state (serial_group, state, priority, id),
+    KEY {{ table }}_state (state, id),
+    KEY {{ table }}_identifier (identifier),
+    CONSTRAINT {{ table }}_state_check CHECK (state IN (-1, 1, 2, 3, 4, 5, 6, 7, 8)),
+    CONSTRAINT {{ table }}_mode_check CHECK (mode IN ('normal', 'unique', 'recurring'))
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
+
+-- Upgrading a version 1 table (before `bgq work`) needs the column and index above, once, by
+-- hand, before `bgq install-procs` (this file keeps to what MySQL 8 and MariaDB both accept, and
+-- MySQL 8 has no ADD COLUMN IF NOT EXISTS):
+--   ALTER TABLE <table>
+--   ADD COLUMN ungrouped_priority INT GENERATED ALWAYS AS
+--       (CASE WHEN serial_group IS NULL AND state IN (1, 4, 6, 8) THEN priority END) STORED,
+--   ADD INDEX <table>_ungrouped (ungrouped_priority, id);
+
+CREATE TABLE IF NOT EXISTS {{ table }}_group (
+    serial_group VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+    waiting_head_id BIGINT UNSIGNED NULL,
+    waiting_head_priority INT NULL,
+    updated_at DATETIME(6) NOT NULL,
+    PRIMARY KEY (serial_group),
+    KEY {{ table }}_group_waiting (waiting_head_id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
+
+CREATE TABLE IF NOT EXISTS {{ table }}_meta (
+    name VARCHAR(64) NOT NULL,
+    value VARCHAR(255) NOT NULL,
+    PRIMARY KEY (name)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
