@@ -2,7 +2,8 @@
 
 Modes:
   cron    hosts (separate BGQ_LOCKS_DIR each) that start `bgq process` like cron: a new run when the
-          host has none, or when its run is older than OVERLAP_S (it then meets the host lock);
+          host has none, and an overlapping one (it meets the host lock and exits) at most every
+          OVERLAP_S while a run goes on;
   work    `bgq work` processes, one of them `bgq work -c 2` when there are 3 or more workers;
   broker  `bgq consume` processes, plus one cron host (`bgq process`: reaper and safety net);
   mixed   half `bgq work`, half cron hosts, on one queue.
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BGQ = str(Path(sys.executable).parent / "bgq")
 APP = "tools.chaos.app:queue"
 TICK_S = 0.5  # how often a cron host looks whether to start `bgq process`
-OVERLAP_S = 20.0  # a host's run older than this gets an overlapping one (as cron would start it)
+OVERLAP_S = 20.0  # a host's long run gets an overlapping one this often (as cron would start it)
 RESTART_S = 0.5  # a supervisor's restart delay for a continuous worker
 
 
@@ -43,6 +44,7 @@ class Unit:
     started: dict[int, float] = field(default_factory=dict)
     runs: int = 0
     exited_at: float = 0.0
+    spawned_at: float = 0.0  # time.monotonic() of the last start
 
 
 class FaultLog:
@@ -143,7 +145,7 @@ class Fleet:
                 start_new_session=True,  # its own process group: teardown reaches forked children
             )
         unit.procs.append(proc)
-        unit.started[proc.pid] = time.monotonic()
+        unit.started[proc.pid] = unit.spawned_at = time.monotonic()
 
     def start(self) -> None:
         with self.lock:
@@ -162,8 +164,7 @@ class Fleet:
                     if self.stopping:
                         break
                     if unit.cron:
-                        ages = [now - unit.started[p.pid] for p in unit.procs]
-                        if not ages or (len(ages) == 1 and ages[0] > OVERLAP_S):
+                        if not unit.procs or now - unit.spawned_at > OVERLAP_S:
                             self._spawn(unit)
                     elif not unit.procs and now - unit.exited_at >= RESTART_S:
                         self._spawn(unit)
