@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tools.chaos import app, oracle
+from tools.chaos import app, oracle, report
 from tools.chaos.oracle import Event, Fault, Job, Row
 
 S = 1_000_000_000  # one second in ns
@@ -51,6 +51,17 @@ def test_a_good_ledger_passes() -> None:
     assert (verdict.completed, verdict.executions, verdict.overlaps, verdict.order_violations) == (4, 4, 0, 0)
     assert verdict.drain_s == pytest.approx(1.1)  # last end 1.6 s, last fault 0.5 s
     assert (verdict.max_gap_s, verdict.max_gap_at_s) == (pytest.approx(0.2), pytest.approx(0.1))
+
+
+def test_a_clean_run_that_no_fault_reached_fails() -> None:
+    """A run that drained before its first fault proves nothing, so the harness counts it failed."""
+    events, rows = good_ledger()
+    verdict = oracle.judge([*GROUP, FREE], events, [], rows)
+    assert not verdict.failed
+    quiet = report.RunResult("work", "mysql", 4, 1, 1, {}, 1.6, verdict)
+    faulted = report.RunResult("work", "mysql", 4, 1, 1, {"kill": 1, "stop": 0}, 1.6, verdict)
+    assert quiet.failed and quiet.unexercised and "no fault was injected" in "\n".join(quiet.details())
+    assert not faulted.failed
 
 
 def test_overlap_of_two_jobs_of_one_group_is_a_violation() -> None:

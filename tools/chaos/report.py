@@ -32,8 +32,13 @@ class RunResult:
     kept: str | None = None  # the run directory, when kept for inspection
 
     @property
+    def unexercised(self) -> bool:
+        """No fault reached this run (it drained before the first one): it proves nothing."""
+        return not any(self.faults.values())
+
+    @property
     def failed(self) -> bool:
-        return self.verdict.failed
+        return self.verdict.failed or self.unexercised
 
     def row(self) -> str:
         v, f = self.verdict, self.faults
@@ -60,6 +65,8 @@ class RunResult:
         v = self.verdict
         out = [f"- **{self.mode} / {self.dialect}** (seed {self.seed}): {v.executions} executions of "
                f"{v.published} jobs, {v.completed} completed."]  # fmt: skip
+        if self.unexercised:
+            out.append("  FAILED: no fault was injected before the run drained (make the run larger).")
         if v.rerun_classes:
             out.append(
                 "  Re-runs by cause: "
