@@ -144,7 +144,7 @@ def _migrate(db: Database, procs: Procs, table: str, files: SqlFiles) -> bool:
         # the record is taken for a table without migration rows next time (see below).
         with db.transaction() as conn:
             procs.run(conn, _statements(render(files.schema, table, db.dialect.name)))
-            migrate.record(conn, table, files.migrations, f"with schema.sql {migrate.utc_now()}")
+            migrate.record(procs, conn, files.migrations, f"with schema.sql {migrate.utc_now()}")
         return True
     with db.transaction() as conn:
         meta = _existing_meta(procs, conn, table)
@@ -159,11 +159,11 @@ def _migrate(db: Database, procs: Procs, table: str, files: SqlFiles) -> bool:
         # Installed before migrations existed: the level comes from the recorded version
         # (migrate.LEGACY_LEVELS); each migration step also checks the catalogue, so a level
         # guessed too low is harmless.
-        level = migrate.legacy_level(db.dialect.name, meta)
+        level = migrate.legacy_level(meta)
         if level:
             with db.transaction() as conn:
                 value = f"inferred from version {meta.get('version')} {migrate.utc_now()}"
-                migrate.record(conn, table, files.migrations[:level], value)
+                migrate.record(procs, conn, files.migrations[:level], value)
                 meta = procs.installed(conn)
             inferred = True
     todo = migrate.pending(files.migrations, meta)
@@ -204,7 +204,7 @@ def _apply(db: Database, procs: Procs, table: str, migration: Migration) -> None
             procs.run(conn, statements)
         else:
             procs.run(conn, _statements(text))
-        migrate.record(conn, table, [migration], f"applied {migrate.utc_now()}")
+        migrate.record(procs, conn, [migration], f"applied {migrate.utc_now()}")
     db.log.info(f"bgq: table {table}: applied migration {migration.name}")
 
 

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 
 from .db import Database
 from .errors import LockTimeoutError
+from .procs import Procs
 
 #: {table}_meta has one row "migration:<NNNN_slug>" per applied migration; its value says how it
 #: got there ("applied <UTC time>", "with schema.sql <UTC time>", "inferred from version <v>").
@@ -21,7 +22,7 @@ MIGRATION_KEY = "migration:"
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _META_NAME_MAX = 64  # {table}_meta.name is VARCHAR(64)
 
-#: How many of a dialect's migrations a table has that bgq installed before migrations existed:
+#: How many migrations a table has that bgq installed before migrations existed:
 #: it has no migration row, so its level is read from its recorded procedure version (the schema
 #: and the procedures were versioned together then). Version "1" is the first released schema
 #: (before `bgq work`); version "2" is that schema plus what `bgq work` needed. A table with no
@@ -30,10 +31,7 @@ _META_NAME_MAX = 64  # {table}_meta.name is VARCHAR(64)
 #: `install-procs` afterwards): that is safe, because every step of every migration first checks
 #: the catalogue (MySQL) or uses IF NOT EXISTS / CREATE OR REPLACE (PostgreSQL) and skips what is
 #: there already.
-LEGACY_LEVELS: dict[str, dict[str, int]] = {
-    "mysql": {"1": 0, "2": 1},
-    "postgres": {"1": 0, "2": 2},
-}
+LEGACY_LEVELS: dict[str, int] = {"1": 0, "2": 1}
 
 #: How long `install-procs` waits for another one on the same table before giving up.
 LOCK_WAIT = 600.0
@@ -44,7 +42,7 @@ class Migration:
     """One file db/<dialect>/migrations/NNNN_<slug>.sql (text still with the placeholder)."""
 
     number: int
-    name: str  # "0001_ungrouped_priority"
+    name: str  # "0001_bgq_work"
     text: str
 
     @property
@@ -91,9 +89,9 @@ def unknown(migrations: tuple[Migration, ...], meta: dict[str, str]) -> list[str
     return sorted(recorded(meta) - {m.name for m in migrations})
 
 
-def legacy_level(dialect: str, meta: dict[str, str]) -> int:
+def legacy_level(meta: dict[str, str]) -> int:
     """The level of a table without migration rows, from its recorded version (LEGACY_LEVELS)."""
-    return LEGACY_LEVELS[dialect].get(meta.get("version", ""), 0)
+    return LEGACY_LEVELS.get(meta.get("version", ""), 0)
 
 
 def utc_now() -> str:
@@ -102,26 +100,7 @@ def utc_now() -> str:
 
 def table_exists(db: Database, conn: Connection, table: str) -> bool:
     """Whether the jobs table exists in the current database (MySQL) / schema (PostgreSQL)."""
-    if db.dialect.name == "mysql":
-        where = "information_schema.tables WHERE table_schema = DATABASE() AND table_name = %s"
-    else:
-        where = "pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename = %s"
-    sql = f"SELECT COUNT(*) FROM {where}"
-    return bool(conn.exec_driver_sql(sql, (table,)).scalar_one())
-
-
-def _lock_sql(dialect: str) -> tuple[str, str]:
-    """(try to take the lock without waiting, release it), both with one %s: the table name.
-
-    MySQL: GET_LOCK is server-wide, so the name carries the database; names are at most 64
-    characters, hence the hash. PostgreSQL: an advisory lock is per database; the pair of int4
-    keys is (a constant for "bgq install", the table's hash). A hash collision only makes two
-    installs wait for each other."""
-    if dialect == "mysql":
-        name = "CONCAT('bgq_install_', LEFT(SHA2(CONCAT(DATABASE(), '.', %s), 256), 40))"
-        return f"SELECT GET_LOCK({name}, 0)", f"SELECT RELEASE_LOCK({name})"
-    keys = "hashtext('bgq install'), hashtext(%s)"
-    return f"SELECT pg_try_advisory_lock({keys})", f"SELECT pg_advisory_unlock({keys})"
+    return bool(conn.exec_driver_sql(db.dialect.table_exists_sql(), (table,)).scalar_one())
 
 
 @contextmanager
@@ -133,7 +112,7 @@ def install_lock(db: Database, table: str, wait: float = LOCK_WAIT) -> Iterator[
     transaction, which the server would cut after `lock_timeout`), and is released at the end.
     If the release fails, the connection is invalidated: closing the session frees the lock, so
     a pooled connection can never keep it. Raises LockTimeoutError after `wait` seconds."""
-    take, release = _lock_sql(db.dialect.name)
+    take, release = db.dialect.install_lock_sql()
     try:
         conn = db.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     except sa.exc.DBAPIError as exc:
@@ -169,7 +148,6 @@ def _scalar(db: Database, conn: Connection, sql: str, table: str) -> object:
         raise db.translate(exc) from exc
 
 
-def record(conn: Connection, table: str, migrations: Sequence[Migration], value: str) -> None:
+def record(procs: Procs, conn: Connection, migrations: Sequence[Migration], value: str) -> None:
     """Record `migrations` as applied in {table}_meta (in the caller's transaction)."""
-    for m in migrations:
-        conn.exec_driver_sql(f"INSERT INTO {table}_meta (name, value) VALUES (%s, %s)", (m.key, value))
+    procs.add_meta(conn, {m.key: value for m in migrations})

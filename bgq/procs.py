@@ -354,7 +354,12 @@ class Procs:
         return out
 
     def record_install(self, conn: Connection, values: dict[str, str]) -> None:
+        """Replace every {table}_meta row by `values`."""
         conn.exec_driver_sql(f"DELETE FROM {self.table}_meta")
+        self.add_meta(conn, values)
+
+    def add_meta(self, conn: Connection, values: dict[str, str]) -> None:
+        """Add {table}_meta rows (names not there yet)."""
         for name, value in sorted(values.items()):
             conn.exec_driver_sql(
                 f"INSERT INTO {self.table}_meta (name, value) VALUES (%s, %s)", (name, value)

@@ -251,7 +251,7 @@ def test_a_migration_cut_short_after_its_first_step_completes_on_the_next_instal
     with db.transaction() as conn:
         Procs(db, old).run(conn, [FIRST_STEP[db.dialect.name].format(t=old)])
     partial = differences(catalogue(db, old), catalogue(db, fresh))
-    # Half done: the step is there, the rest is not (MySQL: 0001's index; PostgreSQL: 0002).
+    # Half done: the step is there, the rest is not (MySQL: 0001's index; PostgreSQL: its trigger).
     assert {"mysql": "indexes", "postgres": "triggers"}[db.dialect.name] in partial, partial
 
     assert install(db, old) is True

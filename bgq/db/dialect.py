@@ -57,3 +57,10 @@ class Dialect(Protocol):
     def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
         """Statements run on each new connection of bgq's engine: lock waits end after `seconds`,
         and the server cuts a session left idle inside a transaction for `seconds`."""
+
+    def table_exists_sql(self) -> str:
+        """A COUNT of the tables named %s in the current database (MySQL) or schema (PostgreSQL)."""
+
+    def install_lock_sql(self) -> tuple[str, str]:
+        """(take the install lock of the table named %s without waiting: true if taken, release it):
+        a session lock, so that two `bgq install-procs` on one table never interleave."""

@@ -121,3 +121,15 @@ class MySQLDialect:
         if "mariadb" in str(dbapi_connection.get_server_info()).lower():
             statements.append(f"SET SESSION idle_transaction_timeout = {int(seconds)}")
         return statements
+
+    def table_exists_sql(self) -> str:
+        return (
+            "SELECT COUNT(*) FROM information_schema.tables"
+            " WHERE table_schema = DATABASE() AND table_name = %s"
+        )
+
+    def install_lock_sql(self) -> tuple[str, str]:
+        """GET_LOCK is server-wide, so the name carries the database; a name is at most 64
+        characters, hence the hash (a collision only makes two installs wait for each other)."""
+        name = "CONCAT('bgq_install_', LEFT(SHA2(CONCAT(DATABASE(), '.', %s), 256), 40))"
+        return f"SELECT GET_LOCK({name}, 0)", f"SELECT RELEASE_LOCK({name})"

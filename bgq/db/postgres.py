@@ -109,3 +109,14 @@ class PostgresDialect:
     def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
         ms = int(seconds) * 1000
         return [f"SET lock_timeout = {ms}", f"SET idle_in_transaction_session_timeout = {ms}"]
+
+    def table_exists_sql(self) -> str:
+        return (
+            "SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename = %s"
+        )
+
+    def install_lock_sql(self) -> tuple[str, str]:
+        """An advisory lock is per database: the pair of int4 keys is (a constant for "bgq
+        install", the table's hash); a collision only makes two installs wait for each other."""
+        keys = "hashtext('bgq install'), hashtext(%s)"
+        return f"SELECT pg_try_advisory_lock({keys})", f"SELECT pg_advisory_unlock({keys})"

@@ -1,4 +1,4 @@
--- bgq migration 0001_ungrouped_priority (MySQL 8 / MariaDB 10.11): schema version 1 -> 2
+-- bgq migration 0001_bgq_work (MySQL 8 / MariaDB 10.11): schema version 1 -> 2, what `bgq work` needs
 --
 -- Changes {{ table }}: adds the STORED generated column ungrouped_priority (placed after
 --   pending_group, where schema.sql has it) and the index {{ table }}_ungrouped
@@ -16,7 +16,7 @@
 --   without the index. Each step first looks in information_schema and is skipped when its
 --   object is there, so running the migration again completes it.
 -- How it runs: `bgq install-procs` creates this procedure, calls it once, drops it and records
---   the row `migration:0001_ungrouped_priority` in {{ table }}_meta. By hand, after the CREATE:
+--   the row `migration:0001_bgq_work` in {{ table }}_meta. By hand, after the CREATE:
 --   CALL {{ table }}_migration_0001(); DROP PROCEDURE {{ table }}_migration_0001;
 CREATE PROCEDURE {{ table }}_migration_0001()
 MODIFIES SQL DATA
