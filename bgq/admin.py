@@ -68,25 +68,29 @@ class Admin:
         """
         with self.store.database.transaction() as conn:
             rows = self.store.procs.monitor(conn, self.config.queue, self.STUCK_RUN_S)
-        report: dict[int, dict[str, Any]] = {
-            r.state: {"count": r.job_count, "oldest_since": r.oldest_since} for r in rows
-        }
-        counts = {r.state: r.job_count for r in rows}
-        oldest = {r.state: self._stamp(r.oldest_since) for r in rows}
+        by_state = {r.state: r for r in rows}
+        temporary, permanent, running = by_state[4], by_state[5], by_state[2]
         parts = []
-        if counts[4]:
-            parts.append(f"{counts[4]}x TEMPORARILY_FAILED (oldest {oldest[4]})")
-        if counts[5]:
-            parts.append(f"{counts[5]}x PERMANENTLY_FAILED (oldest {oldest[5]})")
-        if counts[2]:
-            parts.append(f"{counts[2]}x PROCESSING running longer than 24 hours (since {oldest[2]})")
+        if temporary.job_count:
+            parts.append(
+                f"{temporary.job_count}x TEMPORARILY_FAILED (oldest {self._stamp(temporary.oldest_since)})"
+            )
+        if permanent.job_count:
+            parts.append(
+                f"{permanent.job_count}x PERMANENTLY_FAILED (oldest {self._stamp(permanent.oldest_since)})"
+            )
+        if running.job_count:
+            parts.append(
+                f"{running.job_count}x PROCESSING running longer than 24 hours "
+                f"(since {self._stamp(running.oldest_since)})"
+            )
         if parts:
             message = f"bgq: Stuck jobs report: {', '.join(parts)}."
-            if counts[5] or counts[2]:
+            if permanent.job_count or running.job_count:
                 self.log.critical(message)
             else:
                 self.log.warning(message)
-        return report
+        return {s: {"count": r.job_count, "oldest_since": r.oldest_since} for s, r in by_state.items()}
 
     @staticmethod
     def _stamp(value: dt.datetime | None) -> str:
