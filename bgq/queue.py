@@ -11,6 +11,7 @@ Store (bgq/store.py), which calls the stored procedures (bgq/procs.py).
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -86,7 +87,8 @@ class Queue:
         self._build(config)
 
     @property
-    def log(self) -> Any:
+    def log(self) -> logging.Logger:
+        """The queue's logger (option `logger`)."""
         return self._config.logger
 
     # --- connection ---
