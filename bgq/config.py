@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,8 +107,8 @@ def validate_priorities(priorities: Any) -> tuple[int, ...]:
 
 
 def _callbacks(raw: Any, priorities: tuple[int, ...]) -> dict[str, CallbackSpec]:
-    if not isinstance(raw, Mapping) or not raw:
-        raise ConfigError('Option "callbacks" must be a non-empty mapping of name -> callable.')
+    if not isinstance(raw, Mapping):
+        raise ConfigError('Option "callbacks" must be a mapping of name -> callable.')
     specs: dict[str, CallbackSpec] = {}
     for name, value in raw.items():
         if not isinstance(name, str) or not name or len(name) > 255:
@@ -144,15 +144,36 @@ def _callbacks(raw: Any, priorities: tuple[int, ...]) -> dict[str, CallbackSpec]
     return specs
 
 
+def register_callback(
+    config: Config, name: str, func: Callable[..., Any], queue: str | None, priority: int | None
+) -> CallbackSpec:
+    """Add a callback to a configuration's registry (`@queue.task`), validated like `callbacks`.
+
+    The registry is one dict shared by every part of the queue (and by a configuration the CLI
+    rebuilds from it), so a task registered before or after the queue connects is seen by all."""
+    if name in config.callbacks:
+        raise ConfigError(f'Callback "{name}" is already registered.')
+    options: dict[str, Any] = {"callback": func}
+    if queue is not None:
+        options["queue"] = queue
+    if priority is not None:
+        options["priority"] = priority
+    spec = _callbacks({name: options}, config.priorities)[name]
+    registry = config.callbacks
+    if not isinstance(registry, MutableMapping):
+        raise ConfigError("This configuration's callbacks are read-only; pass them as a dict.")
+    registry[name] = spec
+    return spec
+
+
 def build_config(**options: Any) -> Config:
     """Validate the keyword options of Queue(...) and return the Config."""
     fields = set(Config.__dataclass_fields__)
     unknown = set(options) - fields
     if unknown:
         raise ConfigError(f"Unknown option(s): {', '.join(sorted(unknown))}.")
-    if "callbacks" not in options:
-        raise ConfigError('Option "callbacks" is required.')
     opts = dict(options)
+    opts.setdefault("callbacks", {})  # optional: `@queue.task` registers callbacks too (bgq/tasks.py)
     opts["priorities"] = validate_priorities(opts.get("priorities", (1,)))
     opts["callbacks"] = _callbacks(opts["callbacks"], opts["priorities"])
     if opts.get("database_url") is None:

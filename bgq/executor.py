@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 
+from . import aio, retry, runner
 from . import params as params_codec
-from . import retry, runner
 from .config import Config
 from .errors import BgqError, SerializationError
 from .heartbeat import Heartbeat
@@ -117,7 +117,7 @@ class Executor:
             row["parameters_json"], row["parameters"], allow_pickle=self.config.allow_pickle
         )
         hook = self.config.on_processing_get_metadata
-        return json.dumps(hook(parameters) if hook is not None else None, default=str)
+        return json.dumps(aio.resolve(hook(parameters)) if hook is not None else None, default=str)
 
     def store_metadata(self, job_id: int, attempt: int) -> None:
         """bgq work: store on_processing_get_metadata's value for a job claimed in a batch."""

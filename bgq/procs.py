@@ -7,13 +7,16 @@ import dataclasses
 import datetime as dt
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
 from .db import Database, InstalledRoutine, Proc
 from .errors import JobNotFoundError
 from .model import Claimed, ClaimResult, FinishResult, GroupHead, JobRef, JobResult, NewJob, Reaped, StuckJobs
+
+if TYPE_CHECKING:
+    from .db.aio_postgres import AsyncPostgres
 
 # Signatures of db/<dialect>/<name>.sql; the PostgreSQL types double as documentation.
 CLAIM = Proc(
@@ -296,15 +299,23 @@ class Procs:
 
     def insert(self, conn: Connection, job: NewJob) -> int:
         """Insert one READY job (created_at = updated_at = the server's clock) and return its id."""
-        cols = ", ".join(_INSERT_COLUMNS)
-        marks = ", ".join(["%s"] * len(_INSERT_COLUMNS))
-        now = self.db.dialect.now_sql()
-        sql = f"INSERT INTO {self.table} ({cols}, created_at, updated_at) VALUES ({marks}, {now}, {now})"
-        values = _insert_values(job)
+        sql, values = self._insert_statement(job)
         if self.db.dialect.name == "postgres":
             new_id: int = conn.exec_driver_sql(sql + " RETURNING id", values).scalar_one()
             return new_id
         return int(conn.exec_driver_sql(sql, values).lastrowid)
+
+    async def insert_async(self, aconn: AsyncPostgres, job: NewJob) -> int:
+        """`insert` on an asyncio connection (PostgreSQL: publish_async), in its own transaction."""
+        sql, values = self._insert_statement(job)
+        return int(await aconn.fetch_value(sql + " RETURNING id", values))
+
+    def _insert_statement(self, job: NewJob) -> tuple[str, tuple[Any, ...]]:
+        cols = ", ".join(_INSERT_COLUMNS)
+        marks = ", ".join(["%s"] * len(_INSERT_COLUMNS))
+        now = self.db.dialect.now_sql()
+        sql = f"INSERT INTO {self.table} ({cols}, created_at, updated_at) VALUES ({marks}, {now}, {now})"
+        return sql, _insert_values(job)
 
     def insert_many(self, conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
         """Insert READY jobs with one multi-row INSERT; return their ids in the order of `jobs`.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from . import outbox
 from . import params as params_codec
 from .config import Config
 from .db import dialect_name
+from .db.aio_postgres import AsyncPostgres
 from .errors import PublishError
 from .model import Mode, NewJob
 from .sender import Sender
@@ -57,6 +59,7 @@ class Publisher:
         self.store = store
         self.sender = sender
         self.bulk_batch: Bulk | None = None
+        self._aio: AsyncPostgres | None = None  # publish_async's connections (PostgreSQL)
 
     def publish(
         self,
@@ -83,8 +86,7 @@ class Publisher:
             return None
         store = self.store
         if connection is None:
-            with store.database.transaction() as conn:
-                job_id = store.procs.insert(conn, job)
+            job_id = self._insert(job)
             self.sender.send([(job_id, job.queue, job.priority, job.postponed_by)])
             return job_id
         conn = connection.connection() if isinstance(connection, Session) else connection
@@ -100,6 +102,47 @@ class Publisher:
                 connection, (job_id, job.queue, job.priority, job.postponed_by), self.sender.send_pending
             )
         return job_id
+
+    async def publish_async(
+        self,
+        callback_name: str,
+        parameters: list[Any] | tuple[Any, ...] | dict[str, Any] | None = None,
+        *,
+        serial_group: str | None = None,
+        identifier: str | None = None,
+        mode: Mode | str = Mode.NORMAL,
+        postpone_by: int | dt.timedelta | None = None,
+        priority: int | None = None,
+        coalesce_threshold: int | None = None,
+    ) -> int:
+        """Queue.publish_async (its docstring is the contract): the same checks and INSERT as
+        publish. PostgreSQL: on psycopg's AsyncConnection (bgq/db/aio_postgres.py); MySQL: publish's
+        own insert on a thread (asyncio.to_thread). The broker send after it is publish's own."""
+        job = new_job(
+            self.config, callback_name, parameters, serial_group, identifier, mode, postpone_by, priority,
+            coalesce_threshold,
+        )  # fmt: skip
+        store = self.store
+        if not store.checked:  # once: opens the engine and checks the install (blocking calls)
+            await asyncio.to_thread(lambda: store.procs)
+        if store.database.dialect.name == "postgres":
+            if self._aio is None or self._aio.database is not store.database:
+                self._aio = AsyncPostgres(store.database)
+            job_id = await store.procs.insert_async(self._aio, job)
+        else:
+            job_id = await asyncio.to_thread(self._insert, job)
+        self.sender.send([(job_id, job.queue, job.priority, job.postponed_by)])
+        return job_id
+
+    async def aclose(self) -> None:
+        """Close the running event loop's publish_async connection, if it has one."""
+        if self._aio is not None:
+            await self._aio.aclose()
+
+    def _insert(self, job: NewJob) -> int:
+        """Insert one job in a transaction of its own and return its id."""
+        with self.store.database.transaction() as conn:
+            return self.store.procs.insert(conn, job)
 
     def start_bulk(self) -> None:
         """Buffer publish() calls; every `bulk_size` jobs go in one multi-row INSERT."""

@@ -14,15 +14,16 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, ParamSpec, TypeVar, overload
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from . import cron
 from .admin import Admin
-from .config import Config, build_config
+from .config import Config, build_config, register_callback
 from .db import Database
+from .errors import ConfigError
 from .executor import Executor
 from .model import JobRef, Mode
 from .procs import Procs
@@ -30,6 +31,10 @@ from .publisher import Bulk, Publisher
 from .reaper import Reaper
 from .sender import Sender
 from .store import Store
+from .tasks import Task
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class Queue:
@@ -136,6 +141,79 @@ class Queue:
             postpone_by=postpone_by, priority=priority, coalesce_threshold=coalesce_threshold,
             connection=connection,
         )  # fmt: skip
+
+    async def publish_async(
+        self,
+        callback_name: str,
+        parameters: list[Any] | tuple[Any, ...] | dict[str, Any] | None = None,
+        *,
+        serial_group: str | None = None,
+        identifier: str | None = None,
+        mode: Mode | str = Mode.NORMAL,
+        postpone_by: int | dt.timedelta | None = None,
+        priority: int | None = None,
+        coalesce_threshold: int | None = None,
+    ) -> int:
+        """`publish` for asyncio applications: the same checks, the same INSERT, its own transaction.
+
+        PostgreSQL: on psycopg's AsyncConnection, one per event loop (concurrent calls share it).
+        MySQL: publish's insert on a thread (asyncio.to_thread). It takes no `connection` and
+        ignores start_bulk(): it always inserts at once and returns the id. `await queue.aclose()`
+        closes the running loop's connection.
+        """
+        return await self.publisher.publish_async(
+            callback_name, parameters, serial_group=serial_group, identifier=identifier, mode=mode,
+            postpone_by=postpone_by, priority=priority, coalesce_threshold=coalesce_threshold,
+        )  # fmt: skip
+
+    async def aclose(self) -> None:
+        """Close the running event loop's publish_async connection (PostgreSQL); a later call reopens it."""
+        await self.publisher.aclose()
+
+    # --- tasks (bgq/tasks.py) ---
+
+    @overload
+    def task(self, func: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        func: None = None,
+        /,
+        *,
+        name: str | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    def task(
+        self,
+        func: Callable[P, R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+    ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+        """Register a function as a callback: `@queue.task` or `@queue.task(name=, priority=, queue=)`.
+
+        Beside the `callbacks` option (both work together): `name` (default: the function's
+        __name__) is the callback name, `priority` its default priority, `queue` its sub-queue,
+        checked like a `callbacks` entry (ConfigError; a name registered twice too). It only
+        registers, so it can decorate functions before the queue connects. Returns a Task:
+        `task.publish(*args, **kwargs)` is type-checked against the function's signature and
+        checked again at run time (PublishError, nothing written);
+        `task.configure(serial_group=..., priority=...).publish(...)` sets publish's options.
+        """
+
+        def register(function: Callable[P, R]) -> Task[P, R]:
+            callback_name = name if name is not None else getattr(function, "__name__", None)
+            if not isinstance(callback_name, str):
+                raise ConfigError(f"{function!r} has no __name__: give the task a name.")
+            register_callback(self._config, callback_name, function, queue, priority)
+            return Task(self, function, callback_name)
+
+        return register(func) if func is not None else register
 
     def start_bulk(self) -> None:
         """Buffer publish() calls; every `bulk_size` jobs go in one multi-row INSERT."""

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import aio
 from .config import Config
 from .errors import (
     BackgroundQueueException,
@@ -23,10 +24,12 @@ def backoff_ms(attempts: int) -> int:
 
 
 def invoke(func: Callable[..., Any], parameters: Any) -> Any:
-    """Call the callback: a list or tuple as positional arguments, a dict as keyword arguments."""
+    """Call the callback: a list or tuple as positional arguments, a dict as keyword arguments.
+
+    A coroutine function (`async def`) is awaited on the process's reused event loop (bgq/aio.py)."""
     if isinstance(parameters, dict):
-        return func(**parameters)
-    return func(*parameters)
+        return aio.resolve(func(**parameters))
+    return aio.resolve(func(*parameters))
 
 
 def describe(exc: BaseException) -> str:
@@ -58,23 +61,25 @@ def classify(exc: BaseException, attempt: int, config: Config) -> Outcome:
 
 
 def run(func: Callable[..., Any], parameters: Any, attempt: int, config: Config) -> Outcome:
-    """Run on_before_process, the callback and on_after_process; map any exception (via on_error)."""
+    """Run on_before_process, the callback and on_after_process; map any exception (via on_error).
+
+    Any of them may be a coroutine function: it is awaited on the process's event loop (bgq/aio.py)."""
     try:
         if config.on_before_process is not None:
-            config.on_before_process(parameters)
+            aio.resolve(config.on_before_process(parameters))
         before = memory_usage(reset_peak=True)
         started = time.perf_counter()
         invoke(func, parameters)
         elapsed = int((time.perf_counter() - started) * 1000)
         after = memory_usage()
         if config.on_after_process is not None:
-            config.on_after_process(parameters)
+            aio.resolve(config.on_after_process(parameters))
         return Outcome(JobState.FINISHED, execution_time=elapsed, memory={"before": before, "after": after})
     except Exception as exc:
         error: BaseException = exc
         if config.on_error is not None:
             try:
-                config.on_error(exc, parameters)
+                aio.resolve(config.on_error(exc, parameters))
             except Exception as replaced:  # as in the original: on_error's exception replaces the job's
                 error = replaced
         return classify(error, attempt, config)

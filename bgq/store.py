@@ -38,6 +38,11 @@ class Store:
         return self._db
 
     @property
+    def checked(self) -> bool:
+        """Whether `procs` is ready (the installed version has been checked)."""
+        return self._procs is not None
+
+    @property
     def procs(self) -> Procs:
         """The procedure calls, once the installed version has been checked."""
         if self._procs is None:
