@@ -319,3 +319,23 @@ def test_publish_async_runs_inside_a_long_lived_loop_with_other_tasks(make_queue
 
     ids, ticks, _ = asyncio.run(app())
     assert len(set(ids)) == 5 and ticks > 0  # the loop ran other work while publishes waited
+
+
+@pytest.mark.parametrize("dialect", ["postgres"], indirect=True)  # MySQL's path is the engine's pool
+def test_publish_async_replaces_a_connection_the_server_ended(make_queue, installed, monkeypatch):
+    from bgq.db import aio_postgres
+
+    monkeypatch.setattr(aio_postgres, "PING_AFTER", 0.0)  # ping before every use
+    queue = make_queue()
+
+    async def app():
+        first = await queue.publish_async("noop", [1])
+        slot = queue.publisher._aio._slots[asyncio.get_running_loop()]
+        old = slot.conn
+        installed.sql("SELECT pg_terminate_backend(%s)", (old.info.backend_pid,))
+        second = await queue.publish_async("noop", [2])  # the ping finds it gone: a new connection
+        assert slot.conn is not old and old.closed
+        return first, second
+
+    first, second = asyncio.run(app())
+    assert first != second and count_rows(installed) == 2

@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from .postgres import PING_SQL
+
 if TYPE_CHECKING:
     from . import Database
 
-PING_AFTER = 30.0  # seconds idle after which a connection is pinged before its next statement
+PING_AFTER = 1.0  # seconds idle after which a connection is pinged before its next statement
 
 
 @dataclass
@@ -64,7 +66,7 @@ class AsyncPostgres:
             conn = slot.conn
             if conn is not None and not conn.closed and time.monotonic() - slot.used > PING_AFTER:
                 with contextlib.suppress(psycopg.Error):
-                    await conn.execute("SELECT 1")
+                    await conn.execute(PING_SQL)
             if conn is None or conn.closed or conn.broken:
                 if conn is not None:
                     await conn.close()

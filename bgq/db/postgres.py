@@ -46,6 +46,8 @@ SERVER_ERRORS: dict[str, type[DatabaseError]] = {
     "25P03": ConnectionLostError,  # idle_in_transaction_session_timeout
 }
 _CONNECTION_CLASS = "08"
+#: A round trip that proves a connection alive (publish_async's ping of an idle connection).
+PING_SQL = "SELECT 1"
 
 
 class PostgresDialect:
