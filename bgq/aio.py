@@ -7,6 +7,9 @@ connection pool or client the application caches on the loop is reused), and cre
 forked child (`bgq work --concurrency N`), which must not share its parent's loop. No
 `asyncio.run` per job: that would build and tear down a loop, and everything bound to it, each time.
 
+The loop runs only while a coroutine of bgq's runs on it: a task a callback starts with
+`asyncio.create_task` and does not await waits until the next coroutine job (await what you start).
+
 If the calling thread is itself inside a running event loop (an asyncio application that calls
 `queue.process()` from a coroutine), a second loop cannot run on it: the awaitable then runs on a
 helper thread's loop (one per process, also reused) while the caller waits.
@@ -15,6 +18,7 @@ helper thread's loop (one per process, also reused) while the caller waits.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import os
 import threading
@@ -50,7 +54,18 @@ def event_loop() -> asyncio.AbstractEventLoop:
     if loop is None or loop.is_closed() or getattr(_local, "pid", None) != os.getpid():
         loop = asyncio.new_event_loop()  # an inherited (forked) loop is left alone: its parent owns it
         _local.loop, _local.pid = loop, os.getpid()
+        atexit.register(_close, loop, os.getpid())
     return loop
+
+
+def _close(loop: asyncio.AbstractEventLoop, pid: int) -> None:
+    """At exit: finish the loop's async generators and close it (in the process that made it)."""
+    if os.getpid() != pid or loop.is_closed() or loop.is_running():
+        return
+    try:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
 
 
 async def _wrap(awaitable: Awaitable[T]) -> T:

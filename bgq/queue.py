@@ -41,7 +41,8 @@ class Queue:
     """A durable job queue on a table of the application's database.
 
     Options (keyword arguments), as in the original library:
-      callbacks                    {name: callable} or {name: {"callback": f, "queue": sub, "priority": p}}
+      callbacks                    {name: callable} or {name: {"callback": f, "queue": sub, "priority": p}};
+                                   optional ({}): @queue.task registers callbacks too
       database_url                 SQLAlchemy URL (mysql+pymysql://…, postgresql+psycopg://…); default
                                    $BGQ_DATABASE_URL, else an embedded PostgreSQL (pip install bgq[embedded])
       queue                        base queue name (default "default"); sub-queues are "<queue>_<sub>"
@@ -52,6 +53,7 @@ class Queue:
       notify_on_number_of_attempts log critical once when a job has failed this many times
       on_before_process(params), on_after_process(params), on_error(exc, params),
       on_processing_get_metadata(params) -> JSON-able, stored in `metadata` at the claim
+                                   (callbacks and these hooks may be `async def`: bgq/aio.py)
       stalled_job_timeout          s without a heartbeat before a PROCESSING job is reaped (3600; 0 = off)
       stalled_job_backoff          s a reaped job waits before it runs again (None: the retry backoff,
                                    1, 2, 4, 8, 16 min by attempts; 0: at once)
