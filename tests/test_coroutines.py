@@ -342,3 +342,16 @@ def test_publish_async_replaces_a_connection_the_server_ended(make_queue, instal
 
     first, second = asyncio.run(app())
     assert first != second and count_rows(installed) == 2
+
+
+def test_a_coroutine_in_the_callbacks_dict_runs_with_keyword_parameters(make_queue, installed):
+    got = []
+
+    async def notify(user: int, text: str = "") -> None:
+        await asyncio.sleep(0)
+        got.append((user, text))
+
+    queue = make_queue(callbacks={"notify": {"callback": notify, "priority": 2}}, priorities=[1, 2])
+    job_id = queue.publish("notify", {"user": 3, "text": "hi"})
+    queue.process()
+    assert got == [(3, "hi")] and state_of(installed, job_id) == JobState.FINISHED
