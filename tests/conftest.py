@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from bgq import Queue
 from bgq.db import Database
 from bgq.install import install, uninstall
+from tests.support.helpers import unique_name
 
 DATABASE_URLS = {
     "mysql": os.environ.get("BGQ_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test"),
@@ -49,10 +50,6 @@ def _probe_database(url: str) -> Callable[[], None]:
             engine.dispose()
 
     return probe
-
-
-def unique_name(prefix: str = "bgqt") -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
 @pytest.fixture(params=["mysql", "postgres"])
@@ -126,11 +123,6 @@ def make_queue(installed: Installed) -> Iterator[Callable[..., Queue]]:
     yield factory
     for queue in queues:
         queue.close()
-
-
-def state_of(installed: Installed, job_id: int) -> int | None:
-    rows = installed.sql("SELECT state FROM {t} WHERE id = %s", (job_id,))
-    return rows[0]["state"] if rows else None
 
 
 # --- RabbitMQ (broker mode) ---
@@ -215,7 +207,7 @@ def broker_queue(make_queue, rabbit):
 @pytest.fixture
 def ledger(installed: Installed) -> Iterator[str]:
     """A ledger table (start/end events of callbacks, in commit order) for the concurrency proofs."""
-    from tests import ledger_worker
+    from tests.support import ledger_worker
 
     name = unique_name("ledger")
     ledger_worker.create_ledger(installed.url, name)

@@ -14,9 +14,8 @@ import pytest
 import sqlalchemy as sa
 
 from bgq import JobState, Queue, TemporaryErrorException
-from tests import ledger_worker
-from tests.conftest import unique_name
-from tests.contract.helpers import utc
+from tests.support import ledger_worker
+from tests.support.helpers import set_row, unique_name, utc
 
 HOURS_AGO_2 = dt.timedelta(hours=2)
 
@@ -31,12 +30,6 @@ def _row(installed, job_id):
 def _now(installed) -> dt.datetime:
     """The database server's clock (the one updated_at is written with)."""
     return utc(installed.sql(f"SELECT {installed.db.dialect.now_sql()} AS now")[0]["now"])
-
-
-def _set(installed, job_id, **columns):
-    """Change a job's row behind the queue's back, on a connection of the test's own."""
-    assignments = ", ".join(f"{k} = %s" for k in columns)
-    installed.sql(f"UPDATE {{t}} SET {assignments} WHERE id = %s", (*columns.values(), job_id))
 
 
 def _heartbeat_messages(caplog) -> list[str]:
@@ -55,7 +48,7 @@ def test_checklist_77_heartbeat_moves_updated_at_to_now_at_most_once_per_interva
 
     def long_job():
         old = _now(installed) - HOURS_AGO_2
-        _set(installed, ids["job"], updated_at=old)
+        set_row(installed, ids["job"], updated_at=old)
         queue.heartbeat()
         seen["old"], seen["after"], seen["now"] = (
             old,
@@ -95,7 +88,7 @@ def test_checklist_78_heartbeat_outside_a_job_changes_nothing(make_queue, instal
     queue.heartbeat()
     assert queue.process_job(job) == "claimed"
     old = _now(installed) - HOURS_AGO_2
-    _set(installed, job, state=2, updated_at=old)  # the row looks PROCESSING again, under this claim
+    set_row(installed, job, state=2, updated_at=old)  # the row looks PROCESSING again, under this claim
     queue.heartbeat()
     assert (_row(installed, job)["state"], _row(installed, job)["updated_at"]) == (2, old)
     assert _heartbeat_messages(caplog) == []
@@ -111,7 +104,7 @@ def test_checklist_79_heartbeat_never_touches_a_row_that_is_no_longer_processing
 
     def job():
         old = _now(installed) - HOURS_AGO_2
-        _set(installed, ids["job"], state=3, updated_at=old, error_message="finished by a person")
+        set_row(installed, ids["job"], state=3, updated_at=old, error_message="finished by a person")
         queue.heartbeat()
         queue.heartbeat()
         seen["old"], seen["row"] = old, _row(installed, ids["job"])
@@ -135,7 +128,7 @@ def test_checklist_79_an_old_claim_cannot_keep_a_reclaimed_job_alive(make_queue,
 
     def job():
         old = _now(installed) - HOURS_AGO_2
-        _set(installed, ids["job"], number_of_attempts=2, updated_at=old)  # the new owner's claim
+        set_row(installed, ids["job"], number_of_attempts=2, updated_at=old)  # the new owner's claim
         queue.heartbeat()
         seen["old"], seen["row"] = old, _row(installed, ids["job"])
 
@@ -231,7 +224,7 @@ def test_checklist_81_an_app_query_in_the_callback_sends_the_heartbeat(make_queu
 
     def job():
         old = _now(installed) - HOURS_AGO_2
-        _set(installed, ids["job"], updated_at=old)
+        set_row(installed, ids["job"], updated_at=old)
         seen["before"] = _row(installed, ids["job"])["updated_at"]
         _app_query(app_engine)
         seen["after"], seen["now"] = _row(installed, ids["job"])["updated_at"], _now(installed)
@@ -395,7 +388,7 @@ def test_without_heartbeats_a_long_job_is_reaped_and_the_zombie_is_fenced_out(ma
     def zombie():
         seen["reaped"] = wait_for(lambda r: r["state"] == JobState.TEMPORARILY_FAILED, 6)
         old = _now(installed) - HOURS_AGO_2
-        _set(installed, ids["job"], created_at=old, last_attempt_at=old)  # its backoff is over
+        set_row(installed, ids["job"], created_at=old, last_attempt_at=old)  # its backoff is over
         seen["reclaimed"] = wait_for(lambda r: r["number_of_attempts"] == 2 and r["state"] == 4, 6)
         worker.heartbeat()  # interval 0: it writes, fenced on attempt 1
         seen["after_beat"] = _row(installed, ids["job"])
@@ -435,9 +428,9 @@ def test_reap_stalled_jobs_by_age_never_running_a_callback(make_queue, installed
     queue = make_queue(callbacks={"job": lambda: ran.append(1)}, stalled_job_timeout=3600)
     stale, fresh = queue.publish("job"), queue.publish("job")
     now = _now(installed)
-    _set(installed, stale, state=2, pid=12345, number_of_attempts=1, last_attempt_at=now,
+    set_row(installed, stale, state=2, pid=12345, number_of_attempts=1, last_attempt_at=now,
          updated_at=now - dt.timedelta(seconds=7200))  # fmt: skip
-    _set(installed, fresh, state=2, pid=12345, number_of_attempts=1, last_attempt_at=now,
+    set_row(installed, fresh, state=2, pid=12345, number_of_attempts=1, last_attempt_at=now,
          updated_at=now - dt.timedelta(seconds=60))  # fmt: skip
     report = queue.process()
     assert report.reaped == 1 and report.outcomes == {} and ran == []
@@ -455,7 +448,9 @@ def test_one_process_run_reaps_a_stale_job_and_runs_it(make_queue, installed):
     queue = make_queue(callbacks={"job": lambda: ran.append(1)}, stalled_job_timeout=3600)
     job = queue.publish("job")
     old = _now(installed) - HOURS_AGO_2
-    _set(installed, job, state=2, number_of_attempts=1, created_at=old, last_attempt_at=old, updated_at=old)
+    set_row(
+        installed, job, state=2, number_of_attempts=1, created_at=old, last_attempt_at=old, updated_at=old
+    )
     report = queue.process()
     assert (report.reaped, report.outcomes, ran) == (1, {"claimed": 1}, [1])
     after = _row(installed, job)
@@ -536,7 +531,7 @@ def test_a_sigkilled_workers_job_is_reaped_and_its_group_goes_on_in_order(make_q
 
         # 75: once its backoff is over, dead runs again, then the group in (priority, id) order.
         old = _now(installed) - HOURS_AGO_2
-        _set(installed, dead, created_at=old, last_attempt_at=old)
+        set_row(installed, dead, created_at=old, last_attempt_at=old)
         deadline = time.monotonic() + 8
         while any(_row(installed, j)["state"] != JobState.FINISHED for j in (dead, worse, better)):
             assert time.monotonic() < deadline, [_row(installed, j)["state"] for j in (dead, worse, better)]

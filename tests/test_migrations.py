@@ -29,7 +29,7 @@ from bgq.db import Database
 from bgq.errors import LockTimeoutError, SchemaVersionError
 from bgq.install import SqlFiles, _statements, check_installed, install, render, sql_dir, uninstall
 from bgq.procs import Procs
-from tests.conftest import unique_name
+from tests.support.helpers import unique_name
 
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 # The jobs table's columns in version 1 (every later column is a migration's).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from bgq import JobState
-from tests.conftest import state_of
+from tests.support.helpers import state_of
 
 
 def test_canonical_order_in_cron_mode(make_queue, installed):

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from .helpers import (
+from tests.support.helpers import (
     PID,
     QUEUE,
     T0,
@@ -20,6 +20,7 @@ from .helpers import (
     finish,
     group_row,
     held_transaction,
+    lock_timeout_setting,
     new_job,
     old_snapshot,
     processing_count,
@@ -476,12 +477,6 @@ def test_claims_of_different_groups_never_wait_for_each_other(installed):
     assert states(installed, job_g, job_h) == [2, 2]
 
 
-def _lock_timeout_setting(installed, conn):
-    if installed.db.dialect.name == "mysql":
-        return conn.exec_driver_sql("SELECT @@SESSION.innodb_lock_wait_timeout").scalar_one()
-    return conn.exec_driver_sql("SHOW lock_timeout").scalar_one()
-
-
 def test_group_lock_held_longer_than_3_s_makes_the_claim_locked(installed):
     """The only slow test (~3 s): B gives up on the group lock, changes nothing and leaks no setting."""
     job_a = new_job(installed, group="g")
@@ -490,11 +485,11 @@ def test_group_lock_held_longer_than_3_s_makes_the_claim_locked(installed):
 
     def claim_b():
         with installed.db.transaction() as conn:
-            setting_before = _lock_timeout_setting(installed, conn)
+            setting_before = lock_timeout_setting(installed, conn)
             started = time.monotonic()
             result = claim(installed, job_b, conn=conn, now=at(1))
             elapsed = time.monotonic() - started
-            return result, elapsed, setting_before, _lock_timeout_setting(installed, conn)
+            return result, elapsed, setting_before, lock_timeout_setting(installed, conn)
 
     with background() as run, held_transaction(installed) as conn_a:
         assert claim(installed, job_a, conn=conn_a).outcome == "claimed"

@@ -14,7 +14,7 @@ from bgq.db import postgres as postgres_dialect
 from bgq.model import ClaimResult, FinishResult, GroupHead, JobRef, JobState, Mode, Reaped
 from bgq.procs import ALL_PROCS, CLAIM, DUE_JOBS, FINISH, GROUP_HEADS, PROMOTE_WAITING, REAP, REQUEUE
 
-from .helpers import T0, new_job
+from tests.support.helpers import T0, new_job
 
 ROOT = Path(__file__).resolve().parents[2]
 DB = ROOT / "db"

@@ -7,8 +7,7 @@ import sqlalchemy as sa
 
 from bgq.install import SCHEMA_VERSION
 from bgq.model import JobState, Mode
-
-from .helpers import (
+from tests.support.helpers import (
     T0,
     background,
     blocked_or_done,

@@ -1,4 +1,4 @@
-"""Shared tools of the contract suite: jobs by hand, one-transaction procedure calls, held transactions."""
+"""Shared test tools: jobs and rows by hand, one-transaction procedure calls, held transactions, names."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -290,3 +291,38 @@ def finish_batch(
         return procs(installed).finish_batch(conn, results, now)
     with installed.db.transaction() as own:
         return procs(installed).finish_batch(own, results, now)
+
+
+def unique_name(prefix: str = "bgqt") -> str:
+    """A table (or queue) name no other test, worker process or xdist worker uses."""
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def state_of(installed: Any, job_id: int) -> int | None:
+    """The job's state, read by raw SQL; None when the row is gone."""
+    rows = installed.sql("SELECT state FROM {t} WHERE id = %s", (job_id,))
+    return rows[0]["state"] if rows else None
+
+
+def count_rows(installed: Any) -> int:
+    return int(installed.sql("SELECT COUNT(*) AS n FROM {t}")[0]["n"])
+
+
+def json_column(value: Any) -> Any:
+    """A JSON column as Python: psycopg parses json columns, pymysql returns text."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def session_id(conn: Connection) -> int:
+    """The server's id of the connection's session (to kill it, or find it in the process list)."""
+    mysql = conn.dialect.name == "mysql"
+    return int(
+        conn.exec_driver_sql("SELECT CONNECTION_ID()" if mysql else "SELECT pg_backend_pid()").scalar_one()
+    )
+
+
+def lock_timeout_setting(installed: Any, conn: Connection) -> Any:
+    """The session's lock wait limit as the server reports it (MySQL: seconds; PostgreSQL: text)."""
+    if installed.db.dialect.name == "mysql":
+        return conn.exec_driver_sql("SELECT @@SESSION.innodb_lock_wait_timeout").scalar_one()
+    return conn.exec_driver_sql("SHOW lock_timeout").scalar_one()
