@@ -64,6 +64,35 @@ def db_url(dialect: str) -> str:
     return DATABASE_URLS[dialect]
 
 
+# --- dialect differences: each side asserts its own behaviour ---
+
+_DIALECT_DIFFERS = "dialect_differs"
+
+
+@pytest.fixture
+def dialect_expects(request: pytest.FixtureRequest, dialect: str) -> Any:
+    """What this dialect is expected to do, from the test's marker
+    `@pytest.mark.dialect_differs(mysql=..., postgres=..., reason="why they differ")`:
+    the test asserts against it, so both dialects' behaviour is asserted, none skipped."""
+    marker = request.node.get_closest_marker(_DIALECT_DIFFERS)
+    assert marker is not None, (
+        "dialect_expects needs @pytest.mark.dialect_differs(mysql=, postgres=, reason=)"
+    )
+    return marker.kwargs[dialect]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A dialect_differs marker names both dialects' behaviour and why, and is read by its test."""
+    for item in items:
+        marker = item.get_closest_marker(_DIALECT_DIFFERS)
+        if marker is None:
+            continue
+        if marker.args or set(marker.kwargs) != {"mysql", "postgres", "reason"}:
+            raise pytest.UsageError(f"{item.nodeid}: dialect_differs takes mysql=, postgres= and reason=")
+        if "dialect_expects" not in getattr(item, "fixturenames", ()):
+            raise pytest.UsageError(f"{item.nodeid}: dialect_differs without the dialect_expects fixture")
+
+
 class Installed:
     """A table with bgq installed, shared by the tests of one dialect in this session."""
 

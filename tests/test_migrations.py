@@ -245,14 +245,19 @@ FIRST_STEP = {
 }
 
 
-def test_a_migration_cut_short_after_its_first_step_completes_on_the_next_install(tables):
+@pytest.mark.dialect_differs(
+    mysql="indexes",
+    postgres="triggers",
+    reason="what 0001 still lacks after its first step: an index on MySQL, a trigger on PostgreSQL",
+)
+def test_a_migration_cut_short_after_its_first_step_completes_on_the_next_install(tables, dialect_expects):
     db, old, fresh = tables
     load_released(db, old, "1")
     with db.transaction() as conn:
         Procs(db, old).run(conn, [FIRST_STEP[db.dialect.name].format(t=old)])
     partial = differences(catalogue(db, old), catalogue(db, fresh))
     # Half done: the step is there, the rest is not (MySQL: 0001's index; PostgreSQL: its trigger).
-    assert {"mysql": "indexes", "postgres": "triggers"}[db.dialect.name] in partial, partial
+    assert dialect_expects in partial, partial
 
     assert install(db, old) is True
     assert differences(catalogue(db, old), catalogue(db, fresh)) == {}
