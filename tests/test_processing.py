@@ -16,6 +16,7 @@ from bgq import (
     TemporaryErrorException,
     WaitingException,
 )
+from tests.support.clock import Clock
 from tests.support.helpers import json_column, set_row, state_of
 
 MINUTE = 60_000
@@ -262,27 +263,30 @@ def test_checklist_32_temporary_failure_rerun_by_process_after_backoff(make_queu
         if len(calls) == 1:
             raise RuntimeError("first time")
 
-    queue = make_queue(callbacks={"flaky": flaky})
+    clock = Clock()
+    queue = make_queue(callbacks={"flaky": flaky}, clock=clock)
     job = queue.publish("flaky")
     queue.process()
     assert state_of(installed, job) == JobState.TEMPORARILY_FAILED
+    clock.advance(59.9)
     queue.process()  # still in its 1-minute backoff
     assert len(calls) == 1
-    past = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(minutes=2)
-    set_row(installed, job, last_attempt_at=past, created_at=past)
+    clock.advance(0.1)
     queue.process()
     assert len(calls) == 2 and state_of(installed, job) == JobState.FINISHED
 
 
 def test_checklist_10_postponed_job_waits_in_cron_mode(make_queue, installed):
-    rec = Recorder()
-    queue = make_queue(callbacks={"rec": rec})
+    rec, clock = Recorder(), Clock()
+    queue = make_queue(callbacks={"rec": rec}, clock=clock)
     later = queue.publish("rec", postpone_by=dt.timedelta(minutes=5))
     now = queue.publish("rec")
     queue.process()
     assert state_of(installed, later) == JobState.READY and state_of(installed, now) == JobState.FINISHED
-    past = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(minutes=6)
-    set_row(installed, later, created_at=past)
+    clock.advance(299.9)
+    queue.process()
+    assert state_of(installed, later) == JobState.READY
+    clock.advance(0.1)
     queue.process()
     assert state_of(installed, later) == JobState.FINISHED
 
