@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
+import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -326,3 +329,17 @@ def lock_timeout_setting(installed: Any, conn: Connection) -> Any:
     if installed.db.dialect.name == "mysql":
         return conn.exec_driver_sql("SELECT @@SESSION.innodb_lock_wait_timeout").scalar_one()
     return conn.exec_driver_sql("SHOW lock_timeout").scalar_one()
+
+
+@contextmanager
+def host_lock(name: str) -> Iterator[None]:
+    """Hold an exclusive flock on `<tmp>/bgq-tests-<name>.lock` for the block: tests that share a
+    fixed-name resource (`bgq demo`'s table and broker queues) run one at a time on this host,
+    across xdist workers and separate pytest runs alike. The kernel drops it if the holder dies."""
+    path = Path(tempfile.gettempdir()) / f"bgq-tests-{name}.lock"
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
