@@ -104,6 +104,8 @@ def catalogue(db: Database, table: str) -> dict[str, Any]:
     names = [table, f"{table}_group", f"{table}_meta"]
     with db.transaction() as conn:
         queries = _MYSQL if db.dialect.name == "mysql" else _POSTGRES
+        if db.dialect.name == "mysql" and conn.exec_driver_sql(_MARIADB_PROBE).scalar_one():
+            queries = {**queries, "checks": _MARIADB_CHECKS}
         found = {
             kind: sorted(
                 (tuple(r) for r in conn.exec_driver_sql(sql, (names,) if "ANY" in sql else tuple(names))),
@@ -144,6 +146,18 @@ _MYSQL = {
     " action_orientation, action_statement FROM information_schema.triggers"
     f" WHERE trigger_schema = DATABASE() AND event_object_table IN {_IN}",
 }
+# MariaDB names a JSON column's implicit check after the column (parameters_json, metadata, memory),
+# the same in every table of the schema: matched by name alone, each row would meet every other
+# table's, and their number change while other tests (xdist workers, other runs) create tables.
+# MariaDB's check_constraints has table_name; MySQL 8's has not, and names checks per schema.
+_MARIADB_PROBE = (
+    "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = 'information_schema'"
+    " AND table_name = 'CHECK_CONSTRAINTS' AND column_name = 'TABLE_NAME'"
+)
+_MARIADB_CHECKS = _MYSQL["checks"].replace(
+    " AND cc.constraint_name = tc.constraint_name",
+    " AND cc.constraint_name = tc.constraint_name AND cc.table_name = tc.table_name",
+)
 _POSTGRES = {
     "tables": "SELECT tablename FROM pg_catalog.pg_tables"
     " WHERE schemaname = current_schema() AND tablename = ANY(%s)",
