@@ -145,8 +145,10 @@ class Procs:
         self.clock = clock  # the option `clock`: when set, every p_now left None is its time
 
     def _call(self, conn: Connection, proc: Proc, *args: Any) -> list[dict[str, Any]]:
-        if self.clock is not None and proc.params and proc.params[-1][0] == "p_now" and args[-1] is None:
-            args = (*args[:-1], read_clock(self.clock))
+        if self.clock is not None:
+            at = next((i for i, (name, _) in enumerate(proc.params) if name == "p_now"), None)
+            if at is not None and at < len(args) and args[at] is None:
+                args = (*args[:at], read_clock(self.clock), *args[at + 1 :])
         return self.db.call(conn, self.table, proc, args)
 
     # --- state changes (stored procedures) ---
