@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from . import retry
-from .config import Config
+from .config import Config, read_clock
 from .model import JobRef
 from .sender import Sender
 from .store import Store
@@ -107,7 +107,8 @@ class Admin:
             raise ValueError(f"days must be a whole number >= 0 or None, got {days!r}.")
         before = None
         if days:
-            midnight = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+            today = read_clock(self.config.clock) if self.config.clock else dt.datetime.now(dt.UTC)
+            midnight = today.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
             before = midnight - dt.timedelta(days=days)
         return retry.in_transaction(
             self.store.database, lambda conn: self.store.procs.clear_finished(conn, self.config.queue, before)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import re
@@ -64,10 +65,20 @@ class Config:
     permanent_errors: tuple[type[BaseException], ...] = DEFAULT_PERMANENT_ERRORS
     data_dir: str | None = None
     max_parameters_bytes: int = DEFAULT_MAX_PARAMETERS_BYTES
+    clock: Callable[[], dt.datetime] | None = None
 
     def queue_name(self, sub_queue: str | None) -> str:
         """The job's queue: the base queue, or '<queue>_<sub_queue>'."""
         return self.queue if sub_queue is None else f"{self.queue}_{sub_queue}"
+
+
+def read_clock(clock: Callable[[], dt.datetime]) -> dt.datetime:
+    """The configured clock's time in UTC (pymysql sends a datetime's wall time, dropping its zone);
+    ConfigError when the clock does not return an aware datetime."""
+    now = clock()
+    if not isinstance(now, dt.datetime) or now.utcoffset() is None:
+        raise ConfigError(f'Option "clock" must return an aware datetime, got {now!r}.')
+    return now.astimezone(dt.UTC)
 
 
 def _non_negative_int(name: str, value: Any) -> int:
@@ -212,7 +223,7 @@ def build_config(**options: Any) -> Config:
         )
     else:
         opts["notify_on_number_of_attempts"] = None
-    for name in ("on_before_process", "on_after_process", "on_error", "on_processing_get_metadata"):
+    for name in ("on_before_process", "on_after_process", "on_error", "on_processing_get_metadata", "clock"):
         opts[name] = _hook(name, opts.get(name))
     logger = opts.get("logger")
     if logger is None:

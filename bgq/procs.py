@@ -6,11 +6,12 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
+from .config import read_clock
 from .db import Database, InstalledRoutine, Proc
 from .errors import JobNotFoundError
 from .model import Claimed, ClaimResult, FinishResult, GroupHead, JobRef, JobResult, NewJob, Reaped, StuckJobs
@@ -141,11 +142,16 @@ _INSERT_COLUMNS = (
 class Procs:
     """bgq's calls on one table. Each method runs in the transaction of the connection it is given."""
 
-    def __init__(self, db: Database, table: str) -> None:
+    def __init__(self, db: Database, table: str, clock: Callable[[], dt.datetime] | None = None) -> None:
         self.db = db
         self.table = table
+        self.clock = clock  # the option `clock`: when set, every p_now left None is its time
 
     def _call(self, conn: Connection, proc: Proc, *args: Any) -> list[dict[str, Any]]:
+        if self.clock is not None:
+            at = next((i for i, (name, _) in enumerate(proc.params) if name == "p_now"), None)
+            if at is not None and at < len(args) and args[at] is None:
+                args = (*args[:at], read_clock(self.clock), *args[at + 1 :])
         return self.db.call(conn, self.table, proc, args)
 
     # --- state changes (stored procedures) ---
@@ -297,8 +303,16 @@ class Procs:
 
     # --- plain statements ---
 
+    def _insert_now(self) -> tuple[str, tuple[Any, ...]]:
+        """The SQL of a new row's created_at / updated_at, and its parameters: the server's clock,
+        or the option `clock`'s time (the same value twice) when one is configured."""
+        if self.clock is None:
+            return self.db.dialect.now_sql(), ()
+        now = read_clock(self.clock)
+        return "%s", (now, now)
+
     def insert(self, conn: Connection, job: NewJob) -> int:
-        """Insert one READY job (created_at = updated_at = the server's clock) and return its id."""
+        """Insert one READY job (created_at = updated_at = the clock) and return its id."""
         sql, values = self._insert_statement(job)
         if self.db.dialect.name == "postgres":
             new_id: int = conn.exec_driver_sql(sql + " RETURNING id", values).scalar_one()
@@ -313,9 +327,9 @@ class Procs:
     def _insert_statement(self, job: NewJob) -> tuple[str, tuple[Any, ...]]:
         cols = ", ".join(_INSERT_COLUMNS)
         marks = ", ".join(["%s"] * len(_INSERT_COLUMNS))
-        now = self.db.dialect.now_sql()
+        now, clocked = self._insert_now()
         sql = f"INSERT INTO {self.table} ({cols}, created_at, updated_at) VALUES ({marks}, {now}, {now})"
-        return sql, _insert_values(job)
+        return sql, _insert_values(job) + clocked
 
     def insert_many(self, conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
         """Insert READY jobs with one multi-row INSERT; return their ids in the order of `jobs`.
@@ -328,9 +342,9 @@ class Procs:
         if not jobs:
             return []
         cols = ", ".join(_INSERT_COLUMNS)
-        now = self.db.dialect.now_sql()
+        now, clocked = self._insert_now()
         row = "(" + ", ".join(["%s"] * len(_INSERT_COLUMNS)) + f", {now}, {now})"
-        values = [v for job in jobs for v in _insert_values(job)]
+        values = [v for job in jobs for v in _insert_values(job) + clocked]
         sql = f"INSERT INTO {self.table} ({cols}, created_at, updated_at) VALUES " + ", ".join(
             [row] * len(jobs)
         )

@@ -67,6 +67,8 @@ class Queue:
       permanent_errors             exception classes that fail a job for good (programming errors)
       data_dir                     where the embedded PostgreSQL keeps its data
       max_parameters_bytes         largest encoded parameters publish accepts (1 MiB); larger: PublishError
+      clock                        a callable returning an aware datetime: bgq's time, passed as p_now to
+                                   every procedure and written as created_at (None: the database's clock)
     """
 
     def __init__(self, **options: Any) -> None:

@@ -47,7 +47,7 @@ class Store:
         """The procedure calls, once the installed version has been checked."""
         if self._procs is None:
             check_installed(self.database, self.config.table_name)
-            self._procs = Procs(self.database, self.config.table_name)
+            self._procs = Procs(self.database, self.config.table_name, self.config.clock)
         return self._procs
 
     def install(self) -> bool:

@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from bgq import Queue
-from tests.work_app import write
+from tests.support.work_app import write
 
 
 def loop_id() -> str:

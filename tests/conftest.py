@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from bgq import Queue
 from bgq.db import Database
 from bgq.install import install, uninstall
+from tests.support.helpers import unique_name
 
 DATABASE_URLS = {
     "mysql": os.environ.get("BGQ_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test"),
@@ -51,10 +52,6 @@ def _probe_database(url: str) -> Callable[[], None]:
     return probe
 
 
-def unique_name(prefix: str = "bgqt") -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:10]}"
-
-
 @pytest.fixture(params=["mysql", "postgres"])
 def dialect(request: pytest.FixtureRequest) -> str:
     name = request.param
@@ -65,6 +62,35 @@ def dialect(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def db_url(dialect: str) -> str:
     return DATABASE_URLS[dialect]
+
+
+# --- dialect differences: each side asserts its own behaviour ---
+
+_DIALECT_DIFFERS = "dialect_differs"
+
+
+@pytest.fixture
+def dialect_expects(request: pytest.FixtureRequest, dialect: str) -> Any:
+    """What this dialect is expected to do, from the test's marker
+    `@pytest.mark.dialect_differs(mysql=..., postgres=..., reason="why they differ")`:
+    the test asserts against it, so both dialects' behaviour is asserted, none skipped."""
+    marker = request.node.get_closest_marker(_DIALECT_DIFFERS)
+    assert marker is not None, (
+        "dialect_expects needs @pytest.mark.dialect_differs(mysql=, postgres=, reason=)"
+    )
+    return marker.kwargs[dialect]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A dialect_differs marker names both dialects' behaviour and why, and is read by its test."""
+    for item in items:
+        marker = item.get_closest_marker(_DIALECT_DIFFERS)
+        if marker is None:
+            continue
+        if marker.args or set(marker.kwargs) != {"mysql", "postgres", "reason"}:
+            raise pytest.UsageError(f"{item.nodeid}: dialect_differs takes mysql=, postgres= and reason=")
+        if "dialect_expects" not in getattr(item, "fixturenames", ()):
+            raise pytest.UsageError(f"{item.nodeid}: dialect_differs without the dialect_expects fixture")
 
 
 class Installed:
@@ -126,11 +152,6 @@ def make_queue(installed: Installed) -> Iterator[Callable[..., Queue]]:
     yield factory
     for queue in queues:
         queue.close()
-
-
-def state_of(installed: Installed, job_id: int) -> int | None:
-    rows = installed.sql("SELECT state FROM {t} WHERE id = %s", (job_id,))
-    return rows[0]["state"] if rows else None
 
 
 # --- RabbitMQ (broker mode) ---
@@ -215,7 +236,7 @@ def broker_queue(make_queue, rabbit):
 @pytest.fixture
 def ledger(installed: Installed) -> Iterator[str]:
     """A ledger table (start/end events of callbacks, in commit order) for the concurrency proofs."""
-    from tests import ledger_worker
+    from tests.support import ledger_worker
 
     name = unique_name("ledger")
     ledger_worker.create_ledger(installed.url, name)

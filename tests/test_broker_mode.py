@@ -14,13 +14,9 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from bgq import JobState
-from tests import ledger_worker
-from tests.conftest import AMQP_URL, state_of
-
-
-def _set(installed, job_id, **columns):
-    assignments = ", ".join(f"{k} = %s" for k in columns)
-    installed.sql(f"UPDATE {{t}} SET {assignments} WHERE id = %s", (*columns.values(), job_id))
+from tests.conftest import AMQP_URL
+from tests.support import ledger_worker
+from tests.support.helpers import set_row, state_of
 
 
 def _ago(**delta) -> dt.datetime:
@@ -87,7 +83,7 @@ def test_checklist_32_59_temporary_failure_is_resent_delayed_and_wakes_nobody(
 def test_checklist_60_promoting_a_non_waiting_row_sends_nothing(broker_queue, rabbit, installed):
     queue = broker_queue()
     running = queue.publish("noop", serial_group="g")
-    _set(installed, running, state=2)
+    set_row(installed, running, state=2)
     rabbit.purge()
     with installed.db.transaction() as conn:
         assert queue.procs.promote_waiting(conn) == []
@@ -103,13 +99,13 @@ def test_checklist_62_63_64_process_in_broker_mode(broker_queue, rabbit, install
     heads = []
     for group in ("gA", "gB"):
         blocker = queue.publish("noop", serial_group=group)
-        _set(installed, blocker, state=2)
+        set_row(installed, blocker, state=2)
         waiting = [queue.publish("noop", serial_group=group, priority=p) for p in (2, 1, 3)]
         for job in waiting:
             assert queue.process_job(job) == "waiting"
-        _set(installed, blocker, state=3)
+        set_row(installed, blocker, state=3)
         heads.append(waiting[1])
-    _set(installed, back, state=-1)
+    set_row(installed, back, state=-1)
     rabbit.purge()
     report = queue.process()
     assert state_of(installed, back) == JobState.READY  # 64: BACK_TO_BROKER -> READY and sent
@@ -120,8 +116,8 @@ def test_checklist_62_63_64_process_in_broker_mode(broker_queue, rabbit, install
 def test_checklist_82_84_lost_messages_are_resent_once(broker_queue, rabbit, installed, caplog):
     queue = broker_queue(lost_message_timeout=3600)
     lost, fresh, backoff = (queue.publish("noop") for _ in range(3))
-    _set(installed, lost, updated_at=_ago(hours=2), created_at=_ago(hours=2))
-    _set(
+    set_row(installed, lost, updated_at=_ago(hours=2), created_at=_ago(hours=2))
+    set_row(
         installed,
         backoff,
         state=4,
@@ -278,7 +274,7 @@ def test_checklist_85_lost_message_pass_off_with_timeout_0_and_in_cron_mode(
 ):
     queue = broker_queue(lost_message_timeout=0)
     lost = queue.publish("noop")
-    _set(installed, lost, updated_at=_ago(hours=2), created_at=_ago(hours=2))
+    set_row(installed, lost, updated_at=_ago(hours=2), created_at=_ago(hours=2))
     rabbit.purge()
     assert queue.process().republished == 0 and rabbit.bodies(f"{rabbit.base}_1") == []
     cron = make_queue(lost_message_timeout=60, queue=rabbit.base, priorities=[1, 2, 3])
@@ -289,7 +285,7 @@ def test_checklist_85_lost_message_pass_off_with_timeout_0_and_in_cron_mode(
 def test_checklist_74_a_reaped_job_is_resent_with_its_backoff(broker_queue, rabbit, installed):
     queue = broker_queue(stalled_job_timeout=60)
     job = queue.publish("noop")
-    _set(
+    set_row(
         installed, job, state=2, number_of_attempts=1, updated_at=_ago(hours=2), last_attempt_at=_ago(hours=2)
     )
     rabbit.purge()

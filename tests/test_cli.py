@@ -14,7 +14,8 @@ import pytest
 from bgq import JobState
 from bgq.db import Database
 from bgq.install import uninstall
-from tests.conftest import DATABASE_URLS, state_of, unique_name
+from tests.conftest import DATABASE_URLS
+from tests.support.helpers import state_of, unique_name
 
 BGQ = shutil.which("bgq", path=str(Path(sys.executable).parent)) or str(Path(sys.executable).parent / "bgq")
 UNREACHABLE = {

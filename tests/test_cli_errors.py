@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bgq import JobState
-from tests.conftest import unique_name
+from tests.support.helpers import unique_name
 from tests.test_cli import UNREACHABLE, bgq
 from tests.test_operations import cli, job  # noqa: F401  (the fixture, and a row helper)
 

@@ -6,7 +6,7 @@ import multiprocessing
 import random
 from collections import defaultdict
 
-from tests import ledger_worker
+from tests.support import ledger_worker
 
 WORKERS = 4
 GROUPS = 5

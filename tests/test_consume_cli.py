@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from bgq import JobState
-from tests.conftest import AMQP_URL, probe_rabbitmq, require_service, state_of
+from tests.conftest import AMQP_URL, probe_rabbitmq, require_service
+from tests.support.helpers import state_of
 
 BGQ = str(Path(sys.executable).parent / "bgq")
 

@@ -19,8 +19,9 @@ from collections import defaultdict
 import pytest
 
 from bgq import JobState, PriorityError, PublishError, SerializationError, UnknownCallbackError, aio
-from tests.conftest import AMQP_URL, state_of
-from tests.work_app import BGQ, ROOT, read_ledger, wait_until
+from tests.conftest import AMQP_URL
+from tests.support.helpers import state_of
+from tests.support.work_app import BGQ, ROOT, read_ledger, wait_until
 
 
 def noop(*args, **kwargs):

@@ -17,9 +17,9 @@ import pytest
 
 from bgq import JobState
 from bgq.cron import PROCESS_LIMIT
-from tests import work_app
+from tests.support import work_app
+from tests.support.work_app import wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)
-from tests.work_app import wait_until
 
 
 def _bulk(queue, specs: list[tuple[str | None, int]], callback: str = "ran") -> list[int]:

@@ -27,7 +27,7 @@ from bgq.errors import (
     StatementCanceledError,
 )
 from tests.conftest import DATABASE_URLS
-from tests.contract.helpers import background, held_transaction, new_job, wait_for_lock_wait
+from tests.support.helpers import background, held_transaction, new_job, session_id, wait_for_lock_wait
 
 # --- the mapping, on real driver exception objects (no server needed) ---
 
@@ -230,11 +230,6 @@ def test_a_real_deadlock_is_a_retryable_deadlock(dialect, installed, own_db):
     assert type(deadlocks[0]) is DeadlockError and deadlocks[0].retryable
 
 
-def _session_id(conn: sa.Connection, dialect: str) -> int:
-    query = "SELECT CONNECTION_ID()" if dialect == "mysql" else "SELECT pg_backend_pid()"
-    return int(conn.exec_driver_sql(query).scalar_one())
-
-
 def _kill(installed, dialect: str, session: int) -> None:
     if dialect == "mysql":
         installed.sql(f"KILL {session}")
@@ -244,7 +239,7 @@ def _kill(installed, dialect: str, session: int) -> None:
 
 def test_a_killed_session_is_a_retryable_lost_connection(dialect, installed, own_db):
     with pytest.raises(ConnectionLostError) as caught, own_db.transaction() as conn:
-        _kill(installed, dialect, _session_id(conn, dialect))
+        _kill(installed, dialect, session_id(conn))
         conn.exec_driver_sql(f"SELECT COUNT(*) FROM {installed.table}").all()
     assert caught.value.retryable and isinstance(caught.value, DatabaseUnavailableError)
     # The pool replaces the connection: the next transaction runs.
@@ -256,7 +251,7 @@ def test_the_retry_policy_runs_again_after_the_session_was_killed(dialect, insta
     sessions: list[int] = []
 
     def count(conn: sa.Connection) -> int:
-        sessions.append(_session_id(conn, dialect))
+        sessions.append(session_id(conn))
         if len(sessions) == 1:
             _kill(installed, dialect, sessions[0])
         return int(conn.exec_driver_sql(f"SELECT COUNT(*) FROM {installed.table}").scalar_one())
@@ -289,7 +284,7 @@ def test_a_transaction_the_server_cut_for_idling_is_a_lost_connection(dialect, i
     )
     with pytest.raises(ConnectionLostError) as caught, own_db.transaction() as conn:
         conn.exec_driver_sql(setting)
-        session = _session_id(conn, dialect)
+        session = session_id(conn)
         conn.exec_driver_sql(f"SELECT COUNT(*) FROM {installed.table}").all()
         _session_gone(installed, dialect, session)
         conn.exec_driver_sql("SELECT 1")

@@ -11,8 +11,17 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import AMQP_URL, probe_rabbitmq, require_service
+from tests.support.helpers import host_lock
 
 BGQ = shutil.which("bgq", path=str(Path(sys.executable).parent)) or "bgq"
+
+
+@pytest.fixture(autouse=True)
+def one_demo_at_a_time():
+    """`bgq demo` always uses the table bgq_demo and the broker queues bgqdemo_*: two demos at
+    once (xdist workers, or another pytest run on this host) would take each other's jobs."""
+    with host_lock("demo"):
+        yield
 
 
 def _run_demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,6 +1,6 @@
 """A frozen bgq session holds up the other workers for a bounded time only (DESIGN invariant 7).
 
-Real `bgq work` processes run several serial groups of short ledger jobs (tests/work_app.py);
+Real `bgq work` processes run several serial groups of short ledger jobs (tests/support/work_app.py);
 their 'end' events, with each worker's own clock reading, show when work got done. A session
 frozen inside a bgq transaction (a test session that ran the hand-off and never commits, or a
 worker SIGSTOPped at a random instant) must stall the other groups for at most the documented
@@ -26,9 +26,10 @@ from bgq.db import Database
 from bgq.errors import BgqError
 from bgq.model import JobResult
 from bgq.procs import Procs
-from tests import work_app
+from tests.support import work_app
+from tests.support.helpers import session_id
+from tests.support.work_app import wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)
-from tests.work_app import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -215,7 +216,7 @@ def test_a_session_cut_for_idling_in_a_transaction_is_replaced_at_the_next_trans
     try:
         with db.pinned() if pinned else contextlib.nullcontext():
             with db.transaction() as conn:
-                first = _session_id(db, conn)
+                first = session_id(conn)
                 conn.exec_driver_sql(f"SELECT id FROM {installed.table} FOR UPDATE").all()
             with pytest.raises(BgqError), db.transaction() as conn:
                 conn.exec_driver_sql(f"SELECT id FROM {installed.table} FOR UPDATE").all()
@@ -223,11 +224,6 @@ def test_a_session_cut_for_idling_in_a_transaction_is_replaced_at_the_next_trans
                 conn.exec_driver_sql("SELECT 1").all()
             with db.transaction() as conn:
                 assert conn.exec_driver_sql("SELECT 1").scalar() == 1
-                assert _session_id(db, conn) != first or not pinned
+                assert session_id(conn) != first or not pinned
     finally:
         db.dispose()
-
-
-def _session_id(db: Database, conn) -> int:
-    query = "SELECT CONNECTION_ID()" if db.dialect.name == "mysql" else "SELECT pg_backend_pid()"
-    return int(conn.exec_driver_sql(query).scalar())

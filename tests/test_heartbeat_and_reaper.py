@@ -14,9 +14,9 @@ import pytest
 import sqlalchemy as sa
 
 from bgq import JobState, Queue, TemporaryErrorException
-from tests import ledger_worker
-from tests.conftest import unique_name
-from tests.contract.helpers import utc
+from tests.support import ledger_worker
+from tests.support.clock import Clock
+from tests.support.helpers import set_row, unique_name, utc
 
 HOURS_AGO_2 = dt.timedelta(hours=2)
 
@@ -31,12 +31,6 @@ def _row(installed, job_id):
 def _now(installed) -> dt.datetime:
     """The database server's clock (the one updated_at is written with)."""
     return utc(installed.sql(f"SELECT {installed.db.dialect.now_sql()} AS now")[0]["now"])
-
-
-def _set(installed, job_id, **columns):
-    """Change a job's row behind the queue's back, on a connection of the test's own."""
-    assignments = ", ".join(f"{k} = %s" for k in columns)
-    installed.sql(f"UPDATE {{t}} SET {assignments} WHERE id = %s", (*columns.values(), job_id))
 
 
 def _heartbeat_messages(caplog) -> list[str]:
@@ -55,7 +49,7 @@ def test_checklist_77_heartbeat_moves_updated_at_to_now_at_most_once_per_interva
 
     def long_job():
         old = _now(installed) - HOURS_AGO_2
-        _set(installed, ids["job"], updated_at=old)
+        set_row(installed, ids["job"], updated_at=old)
         queue.heartbeat()
         seen["old"], seen["after"], seen["now"] = (
             old,
@@ -95,7 +89,7 @@ def test_checklist_78_heartbeat_outside_a_job_changes_nothing(make_queue, instal
     queue.heartbeat()
     assert queue.process_job(job) == "claimed"
     old = _now(installed) - HOURS_AGO_2
-    _set(installed, job, state=2, updated_at=old)  # the row looks PROCESSING again, under this claim
+    set_row(installed, job, state=2, updated_at=old)  # the row looks PROCESSING again, under this claim
     queue.heartbeat()
     assert (_row(installed, job)["state"], _row(installed, job)["updated_at"]) == (2, old)
     assert _heartbeat_messages(caplog) == []
@@ -111,7 +105,7 @@ def test_checklist_79_heartbeat_never_touches_a_row_that_is_no_longer_processing
 
     def job():
         old = _now(installed) - HOURS_AGO_2
-        _set(installed, ids["job"], state=3, updated_at=old, error_message="finished by a person")
+        set_row(installed, ids["job"], state=3, updated_at=old, error_message="finished by a person")
         queue.heartbeat()
         queue.heartbeat()
         seen["old"], seen["row"] = old, _row(installed, ids["job"])
@@ -135,7 +129,7 @@ def test_checklist_79_an_old_claim_cannot_keep_a_reclaimed_job_alive(make_queue,
 
     def job():
         old = _now(installed) - HOURS_AGO_2
-        _set(installed, ids["job"], number_of_attempts=2, updated_at=old)  # the new owner's claim
+        set_row(installed, ids["job"], number_of_attempts=2, updated_at=old)  # the new owner's claim
         queue.heartbeat()
         seen["old"], seen["row"] = old, _row(installed, ids["job"])
 
@@ -231,7 +225,7 @@ def test_checklist_81_an_app_query_in_the_callback_sends_the_heartbeat(make_queu
 
     def job():
         old = _now(installed) - HOURS_AGO_2
-        _set(installed, ids["job"], updated_at=old)
+        set_row(installed, ids["job"], updated_at=old)
         seen["before"] = _row(installed, ids["job"])["updated_at"]
         _app_query(app_engine)
         seen["after"], seen["now"] = _row(installed, ids["job"])["updated_at"], _now(installed)
@@ -323,29 +317,37 @@ def _long_job_setup(make_queue, job, **worker_options):
 
 
 def test_explicit_heartbeats_keep_a_long_job_from_the_reaper(make_queue, installed):
-    runs = []
+    """A job that runs 5 s by the clock against a 2 s reaper: a heartbeat every 0.5 s keeps it,
+    though the reaper runs after each one; 2 s without a beat and the same reaper takes it."""
+    clock, runs, reports = Clock(), [], []
 
     def long_job():
-        runs.append(time.monotonic())
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
+        runs.append(clock())
+        for _ in range(10):
+            clock.advance(0.5)
             worker.heartbeat()
-            time.sleep(0.5)
+            reports.append(reaper.process())
         runs.append(_row(installed, ids["job"]))
 
-    worker, reaper = _long_job_setup(make_queue, long_job, heartbeat_interval=0)
+    worker = make_queue(
+        callbacks={"long": long_job}, stalled_job_timeout=REAPER_TIMEOUT_S, heartbeat_interval=0, clock=clock
+    )
+    reaper = make_queue(callbacks={"long": long_job}, stalled_job_timeout=REAPER_TIMEOUT_S, clock=clock)
     ids = {"job": worker.publish("long")}
-    try:
-        assert worker.process_job(ids["job"], on_claimed=reaper.start) == "claimed"
-    finally:
-        reaper.join()
+    assert worker.process_job(ids["job"]) == "claimed"
     assert len(runs) == 2, "the callback ran exactly once"
-    assert reaper.reaped == 0 and len(reaper.reports) >= 5  # the reaper ran all along, and found nothing
+    assert len(reports) == 10 and sum(r.reaped for r in reports) == 0  # the reaper found nothing
     during = runs[1]
     assert during["state"] == JobState.PROCESSING
-    assert during["updated_at"] > during["last_attempt_at"] + dt.timedelta(seconds=4)  # beats moved it
+    assert during["updated_at"] == during["last_attempt_at"] + dt.timedelta(seconds=5)  # beats moved it
     after = _row(installed, ids["job"])
     assert (after["state"], after["number_of_attempts"], after["error_message"]) == (3, 1, None)
+
+    set_row(installed, ids["job"], state=JobState.PROCESSING)  # the control: no beat for 2 s
+    clock.advance(REAPER_TIMEOUT_S)
+    assert reaper.reaper.run_once() == []
+    clock.advance(0.001)
+    assert [r.id for r in reaper.reaper.run_once()] == [ids["job"]]
 
 
 def test_app_queries_through_the_hook_keep_a_long_job_from_the_reaper(
@@ -381,37 +383,29 @@ def test_without_heartbeats_a_long_job_is_reaped_and_the_zombie_is_fenced_out(ma
     """Control: the reaper takes the job while its callback still runs; another worker claims it again
     (attempt 2) and fails it; the first worker's heartbeat and its FINISHED result change nothing."""
     caplog.set_level(logging.WARNING, logger="bgq")
-    seen = {}
-
-    def wait_for(predicate, seconds):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            current = _row(installed, ids["job"])
-            if predicate(current):
-                return current
-            time.sleep(0.1)
-        raise AssertionError(f"timed out; the row is {current}")
+    clock, seen, reports = Clock(), {}, []
 
     def zombie():
-        seen["reaped"] = wait_for(lambda r: r["state"] == JobState.TEMPORARILY_FAILED, 6)
-        old = _now(installed) - HOURS_AGO_2
-        _set(installed, ids["job"], created_at=old, last_attempt_at=old)  # its backoff is over
-        seen["reclaimed"] = wait_for(lambda r: r["number_of_attempts"] == 2 and r["state"] == 4, 6)
+        clock.advance(REAPER_TIMEOUT_S + 0.001)  # no heartbeat for longer than the reaper allows
+        reports.append(other.process())  # reaps the job, and leaves it in its backoff
+        seen["reaped"] = _row(installed, ids["job"])
+        clock.advance(60)  # the backoff of attempt 1 is over
+        reports.append(other.process())  # claims it again: attempt 2, which fails
+        seen["reclaimed"] = _row(installed, ids["job"])
         worker.heartbeat()  # interval 0: it writes, fenced on attempt 1
         seen["after_beat"] = _row(installed, ids["job"])
 
     def second_owner():
         raise TemporaryErrorException("second owner failed")
 
-    worker = make_queue(callbacks={"long": zombie}, heartbeat_interval=0)
-    reaper = Reaper(make_queue(callbacks={"long": second_owner}, stalled_job_timeout=REAPER_TIMEOUT_S))
+    worker = make_queue(callbacks={"long": zombie}, heartbeat_interval=0, clock=clock)
+    other = make_queue(callbacks={"long": second_owner}, stalled_job_timeout=REAPER_TIMEOUT_S, clock=clock)
     ids = {"job": worker.publish("long")}
-    try:
-        assert worker.process_job(ids["job"], on_claimed=reaper.start) == "claimed"
-    finally:
-        reaper.join()
+    assert worker.process_job(ids["job"]) == "claimed"
 
-    assert reaper.reaped == 1
+    assert seen["reaped"]["state"] == JobState.TEMPORARILY_FAILED
+    assert (seen["reclaimed"]["number_of_attempts"], seen["reclaimed"]["state"]) == (2, 4)
+    assert [r.reaped for r in reports] == [1, 0]
     reaped = seen["reaped"]
     assert "stalled" in reaped["error_message"] and f"(PID {os.getpid()})" in reaped["error_message"]
     assert reaped["number_of_attempts"] == 1  # the reaper does not count an attempt
@@ -435,9 +429,9 @@ def test_reap_stalled_jobs_by_age_never_running_a_callback(make_queue, installed
     queue = make_queue(callbacks={"job": lambda: ran.append(1)}, stalled_job_timeout=3600)
     stale, fresh = queue.publish("job"), queue.publish("job")
     now = _now(installed)
-    _set(installed, stale, state=2, pid=12345, number_of_attempts=1, last_attempt_at=now,
+    set_row(installed, stale, state=2, pid=12345, number_of_attempts=1, last_attempt_at=now,
          updated_at=now - dt.timedelta(seconds=7200))  # fmt: skip
-    _set(installed, fresh, state=2, pid=12345, number_of_attempts=1, last_attempt_at=now,
+    set_row(installed, fresh, state=2, pid=12345, number_of_attempts=1, last_attempt_at=now,
          updated_at=now - dt.timedelta(seconds=60))  # fmt: skip
     report = queue.process()
     assert report.reaped == 1 and report.outcomes == {} and ran == []
@@ -455,7 +449,9 @@ def test_one_process_run_reaps_a_stale_job_and_runs_it(make_queue, installed):
     queue = make_queue(callbacks={"job": lambda: ran.append(1)}, stalled_job_timeout=3600)
     job = queue.publish("job")
     old = _now(installed) - HOURS_AGO_2
-    _set(installed, job, state=2, number_of_attempts=1, created_at=old, last_attempt_at=old, updated_at=old)
+    set_row(
+        installed, job, state=2, number_of_attempts=1, created_at=old, last_attempt_at=old, updated_at=old
+    )
     report = queue.process()
     assert (report.reaped, report.outcomes, ran) == (1, {"claimed": 1}, [1])
     after = _row(installed, job)
@@ -490,10 +486,12 @@ def test_a_sigkilled_workers_job_is_reaped_and_its_group_goes_on_in_order(make_q
     def fast(token, grp=None, seconds=0.0):
         ledger_worker.slow_ledger_job(token, grp, 0.0)
 
-    def queue_with(timeout):
-        return make_queue(callbacks={"slow": fast}, priorities=[1, 2, 3], stalled_job_timeout=timeout)
+    def queue_with(timeout, clock=None):
+        return make_queue(
+            callbacks={"slow": fast}, priorities=[1, 2, 3], stalled_job_timeout=timeout, clock=clock
+        )
 
-    queue, off, reaper = queue_with(3600), queue_with(0), queue_with(1)
+    queue = queue_with(3600)
     dead = queue.publish("slow", ["dead", "g", 60.0], serial_group="g", priority=1)
     worse = queue.publish("slow", ["worse", "g"], serial_group="g", priority=2)
     better = queue.publish("slow", ["better", "g"], serial_group="g", priority=1)
@@ -519,8 +517,9 @@ def test_a_sigkilled_workers_job_is_reaped_and_its_group_goes_on_in_order(make_q
         # A cron run leaves a busy group's jobs alone (it claims only idle groups' heads).
         assert [_row(installed, j)["state"] for j in (dead, worse, better)] == [2, 6, 1]
 
-        while _now(installed) - _row(installed, dead)["updated_at"] < dt.timedelta(seconds=1.5):
-            time.sleep(0.05)
+        # 1.5 s later by the clock of the queues below, the dead worker's claim is past their 1 s.
+        later = Clock(_now(installed) + dt.timedelta(seconds=1.5))
+        off, reaper = queue_with(0, later), queue_with(1, later)
         # 76: stalled_job_timeout = 0 disables the reaper.
         assert off.process().reaped == 0
         assert _row(installed, dead)["state"] == JobState.PROCESSING
@@ -536,7 +535,7 @@ def test_a_sigkilled_workers_job_is_reaped_and_its_group_goes_on_in_order(make_q
 
         # 75: once its backoff is over, dead runs again, then the group in (priority, id) order.
         old = _now(installed) - HOURS_AGO_2
-        _set(installed, dead, created_at=old, last_attempt_at=old)
+        set_row(installed, dead, created_at=old, last_attempt_at=old)
         deadline = time.monotonic() + 8
         while any(_row(installed, j)["state"] != JobState.FINISHED for j in (dead, worse, better)):
             assert time.monotonic() < deadline, [_row(installed, j)["state"] for j in (dead, worse, better)]

@@ -10,7 +10,7 @@ from bgq.db import Database
 from bgq.errors import SchemaVersionError
 from bgq.install import check_installed, install, render, sql_dir, uninstall
 from bgq.procs import ALL_PROCS, INTERNAL_PROCS, Procs
-from tests.conftest import unique_name
+from tests.support.helpers import unique_name
 from tests.test_cli import assert_clean_failure, bgq, write_app
 
 

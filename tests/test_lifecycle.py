@@ -9,7 +9,8 @@ import pytest
 import sqlalchemy as sa
 
 from bgq import DatabaseError, DeadlockError, DieException, JobState, SchemaVersionError
-from tests.conftest import AMQP_URL, state_of, unique_name
+from tests.conftest import AMQP_URL
+from tests.support.helpers import state_of, unique_name
 
 
 def _die_from_cause(*args):

@@ -29,7 +29,7 @@ from bgq.db import Database
 from bgq.errors import LockTimeoutError, SchemaVersionError
 from bgq.install import SqlFiles, _statements, check_installed, install, render, sql_dir, uninstall
 from bgq.procs import Procs
-from tests.conftest import unique_name
+from tests.support.helpers import unique_name
 
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 # The jobs table's columns in version 1 (every later column is a migration's).
@@ -104,6 +104,8 @@ def catalogue(db: Database, table: str) -> dict[str, Any]:
     names = [table, f"{table}_group", f"{table}_meta"]
     with db.transaction() as conn:
         queries = _MYSQL if db.dialect.name == "mysql" else _POSTGRES
+        if db.dialect.name == "mysql" and conn.exec_driver_sql(_MARIADB_PROBE).scalar_one():
+            queries = {**queries, "checks": _MARIADB_CHECKS}
         found = {
             kind: sorted(
                 (tuple(r) for r in conn.exec_driver_sql(sql, (names,) if "ANY" in sql else tuple(names))),
@@ -144,6 +146,18 @@ _MYSQL = {
     " action_orientation, action_statement FROM information_schema.triggers"
     f" WHERE trigger_schema = DATABASE() AND event_object_table IN {_IN}",
 }
+# MariaDB names a JSON column's implicit check after the column (parameters_json, metadata, memory),
+# the same in every table of the schema: matched by name alone, each row would meet every other
+# table's, and their number change while other tests (xdist workers, other runs) create tables.
+# MariaDB's check_constraints has table_name; MySQL 8's has not, and names checks per schema.
+_MARIADB_PROBE = (
+    "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = 'information_schema'"
+    " AND table_name = 'CHECK_CONSTRAINTS' AND column_name = 'TABLE_NAME'"
+)
+_MARIADB_CHECKS = _MYSQL["checks"].replace(
+    " AND cc.constraint_name = tc.constraint_name",
+    " AND cc.constraint_name = tc.constraint_name AND cc.table_name = tc.table_name",
+)
 _POSTGRES = {
     "tables": "SELECT tablename FROM pg_catalog.pg_tables"
     " WHERE schemaname = current_schema() AND tablename = ANY(%s)",
@@ -245,14 +259,19 @@ FIRST_STEP = {
 }
 
 
-def test_a_migration_cut_short_after_its_first_step_completes_on_the_next_install(tables):
+@pytest.mark.dialect_differs(
+    mysql="indexes",
+    postgres="triggers",
+    reason="what 0001 still lacks after its first step: an index on MySQL, a trigger on PostgreSQL",
+)
+def test_a_migration_cut_short_after_its_first_step_completes_on_the_next_install(tables, dialect_expects):
     db, old, fresh = tables
     load_released(db, old, "1")
     with db.transaction() as conn:
         Procs(db, old).run(conn, [FIRST_STEP[db.dialect.name].format(t=old)])
     partial = differences(catalogue(db, old), catalogue(db, fresh))
     # Half done: the step is there, the rest is not (MySQL: 0001's index; PostgreSQL: its trigger).
-    assert {"mysql": "indexes", "postgres": "triggers"}[db.dialect.name] in partial, partial
+    assert dialect_expects in partial, partial
 
     assert install(db, old) is True
     assert differences(catalogue(db, old), catalogue(db, fresh)) == {}

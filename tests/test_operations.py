@@ -21,16 +21,11 @@ import pytest
 from bgq import JobState, Queue
 from bgq.cli import queue_lock_name
 from bgq.cmdlock import CommandLockedError, command_lock, lock_name, locks_dir
-from tests.conftest import state_of
+from tests.support.helpers import set_row, state_of
 from tests.test_cli import bgq, write_app
 
 UTC = dt.UTC
 OLD = dt.datetime(2024, 5, 1, 10, 0, 0, 250000, tzinfo=UTC)  # long before the server's clock
-
-
-def set_row(installed, job_id, **columns):
-    assignments = ", ".join(f"{name} = %s" for name in columns)
-    installed.sql(f"UPDATE {{t}} SET {assignments} WHERE id = %s", (*columns.values(), job_id))
 
 
 def job(queue: Queue, installed, state: int | None = None, *, identifier=None, **columns) -> int:

@@ -16,9 +16,9 @@ import pytest
 
 from bgq import JobState, Queue
 from bgq.cli import queue_lock_name
-from tests.conftest import unique_name
+from tests.support.helpers import unique_name
+from tests.support.work_app import wait_until
 from tests.test_cli import BGQ
-from tests.work_app import wait_until
 
 
 def slow_app(tmp_path: Path, installed) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import time
 
@@ -17,23 +16,14 @@ from bgq import (
     TemporaryErrorException,
     WaitingException,
 )
-from tests.conftest import state_of
+from tests.support.clock import Clock
+from tests.support.helpers import json_column, set_row, state_of
 
 MINUTE = 60_000
 
 
 def _row(installed, job_id):
     return installed.sql("SELECT * FROM {t} WHERE id = %s", (job_id,))[0]
-
-
-def _json(value):
-    """A JSON column as Python: psycopg parses json columns, pymysql returns text."""
-    return json.loads(value) if isinstance(value, str | bytes) else value
-
-
-def _set(installed, job_id, **columns):
-    assignments = ", ".join(f"{k} = %s" for k in columns)
-    installed.sql(f"UPDATE {{t}} SET {assignments} WHERE id = %s", (*columns.values(), job_id))
 
 
 class Recorder:
@@ -75,14 +65,14 @@ def test_seed_3_processing_clause_blocks_better_priority(make_queue, installed):
     queue = make_queue(priorities=[1, 2])
     a = queue.publish("noop", serial_group="g", priority=2)
     b = queue.publish("noop", serial_group="g", priority=1)
-    _set(installed, a, state=2)
+    set_row(installed, a, state=2)
     assert queue.process_job(b) == "waiting"
     row = _row(installed, b)
     assert row["state"] == JobState.WAITING
     assert row["error_message"] == f"Waiting for job ID {a}"  # checklist 48
     assert row["postponed_by"] == 1000
-    _set(installed, a, state=3)
-    _set(installed, b, state=1)
+    set_row(installed, a, state=3)
+    set_row(installed, b, state=1)
     assert queue.process_job(b) == "claimed"
     assert state_of(installed, b) == JobState.FINISHED
 
@@ -92,7 +82,7 @@ def test_seed_5_conditional_claim_runs_nothing_for_a_finished_row(make_queue, in
     rec = Recorder()
     queue = make_queue(callbacks={"rec": rec})
     done = queue.publish("rec")
-    _set(installed, done, state=3)
+    set_row(installed, done, state=3)
     assert queue.process_job(done) == "skipped"
     assert rec.calls == [] and state_of(installed, done) == JobState.FINISHED
     fresh = queue.publish("rec")  # negative control
@@ -105,7 +95,7 @@ def test_checklist_26_unexpected_state_logs(make_queue, installed, caplog, state
     rec = Recorder()
     queue = make_queue(callbacks={"rec": rec})
     job = queue.publish("rec")
-    _set(installed, job, state=int(state))
+    set_row(installed, job, state=int(state))
     with caplog.at_level(logging.INFO, logger="bgq"):
         assert queue.process_job(job) == "unexpected"
     assert rec.calls == [] and state_of(installed, job) == state
@@ -119,8 +109,8 @@ def test_checklist_26_unexpected_state_logs(make_queue, installed, caplog, state
 def test_checklist_25_27_finished_redundant_and_missing_are_silent(make_queue, installed, caplog):
     queue = make_queue()
     finished, redundant = queue.publish("noop"), queue.publish("noop")
-    _set(installed, finished, state=3)
-    _set(installed, redundant, state=7)
+    set_row(installed, finished, state=3)
+    set_row(installed, redundant, state=7)
     with caplog.at_level(logging.DEBUG, logger="bgq"):
         assert queue.process_job(finished) == "skipped"
         assert queue.process_job(redundant) == "skipped"
@@ -139,14 +129,14 @@ def test_seed_7_group_heads_with_a_priority_gap(make_queue, installed):
     # Force everything to WAITING through the claim itself: a running job blocks each group.
     blockers = [queue.publish("noop", serial_group=g, priority=1) for g in ("gA", "gB")]
     for blocker in blockers:
-        _set(installed, blocker, state=2)
+        set_row(installed, blocker, state=2)
     for job in (a1, a2, a3, b1, b2):
         assert queue.process_job(job) == "waiting"
     with installed.db.transaction() as conn:
         heads = {h.serial_group: h.id for h in queue.procs.group_heads(conn)}
     assert heads == {"gA": a2, "gB": b2}
     for blocker in blockers:
-        _set(installed, blocker, state=3)
+        set_row(installed, blocker, state=3)
     with installed.db.transaction() as conn:
         promoted = {j.id for j in queue.procs.promote_waiting(conn)}
     assert promoted == {a2, b2}
@@ -161,7 +151,7 @@ def test_checklist_22_success_bookkeeping(make_queue, installed):
     assert row["state"] == JobState.FINISHED
     assert row["finished_at"] is not None and row["error_message"] is None
     assert row["execution_time"] is not None and row["execution_time"] >= 0
-    memory = _json(row["memory"])
+    memory = json_column(row["memory"])
     assert set(memory) == {"before", "after"} and memory["after"]["rss"] > 0
 
 
@@ -173,14 +163,14 @@ def test_checklist_23_claim_bookkeeping(make_queue, installed):
 
     queue = make_queue(callbacks={"check": check}, on_processing_get_metadata=lambda p: {"host": "h1", **p})
     job = queue.publish("check", {"x": 1}, postpone_by=5)
-    _set(installed, job, error_message="old", state=4)
+    set_row(installed, job, error_message="old", state=4)
     queue.process_job(job)
     import os
 
     assert seen["state"] == JobState.PROCESSING and seen["number_of_attempts"] == 1
     assert seen["pid"] == os.getpid() and seen["last_attempt_at"] is not None
     assert seen["postponed_by"] is None and seen["error_message"] is None
-    assert _json(seen["metadata"]) == {"host": "h1", "x": 1}
+    assert json_column(seen["metadata"]) == {"host": "h1", "x": 1}
 
 
 @pytest.mark.parametrize(
@@ -243,7 +233,7 @@ def test_checklist_31_backoff_grows_with_attempts(make_queue, installed):
     job = queue.publish("fail")
     seen = []
     for _ in range(6):
-        _set(installed, job, state=1)
+        set_row(installed, job, state=1)
         queue.process_job(job)
         seen.append(_row(installed, job)["postponed_by"] // MINUTE)
     assert seen == [1, 2, 4, 8, 16, 16]
@@ -258,7 +248,7 @@ def test_checklist_33_notify_once_at_the_configured_attempt(make_queue, installe
     messages = []
     for _ in range(3):
         caplog.clear()
-        _set(installed, job, state=1)
+        set_row(installed, job, state=1)
         with caplog.at_level(logging.CRITICAL, logger="bgq"):
             queue.process_job(job)
         messages.append("Number of attempts reached" in caplog.text)
@@ -273,27 +263,30 @@ def test_checklist_32_temporary_failure_rerun_by_process_after_backoff(make_queu
         if len(calls) == 1:
             raise RuntimeError("first time")
 
-    queue = make_queue(callbacks={"flaky": flaky})
+    clock = Clock()
+    queue = make_queue(callbacks={"flaky": flaky}, clock=clock)
     job = queue.publish("flaky")
     queue.process()
     assert state_of(installed, job) == JobState.TEMPORARILY_FAILED
+    clock.advance(59.9)
     queue.process()  # still in its 1-minute backoff
     assert len(calls) == 1
-    past = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(minutes=2)
-    _set(installed, job, last_attempt_at=past, created_at=past)
+    clock.advance(0.1)
     queue.process()
     assert len(calls) == 2 and state_of(installed, job) == JobState.FINISHED
 
 
 def test_checklist_10_postponed_job_waits_in_cron_mode(make_queue, installed):
-    rec = Recorder()
-    queue = make_queue(callbacks={"rec": rec})
+    rec, clock = Recorder(), Clock()
+    queue = make_queue(callbacks={"rec": rec}, clock=clock)
     later = queue.publish("rec", postpone_by=dt.timedelta(minutes=5))
     now = queue.publish("rec")
     queue.process()
     assert state_of(installed, later) == JobState.READY and state_of(installed, now) == JobState.FINISHED
-    past = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(minutes=6)
-    _set(installed, later, created_at=past)
+    clock.advance(299.9)
+    queue.process()
+    assert state_of(installed, later) == JobState.READY
+    clock.advance(0.1)
     queue.process()
     assert state_of(installed, later) == JobState.FINISHED
 
@@ -304,7 +297,7 @@ def test_checklist_65_66_cron_states_order_and_back_to_broker_ignored(make_queue
     ids = [queue.publish("rec", [n]) for n in range(5)]
     past = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(hours=1)
     for job, state in zip(ids, (1, 4, 6, 8, -1), strict=True):
-        _set(installed, job, state=state, created_at=past)
+        set_row(installed, job, state=state, created_at=past)
     queue.process()
     assert [c[0][0] for c in rec.calls] == [0, 1, 2, 3]
     assert state_of(installed, ids[4]) == JobState.BACK_TO_BROKER
@@ -324,7 +317,7 @@ def test_checklist_55_groups_do_not_block_each_other(make_queue, installed):
     queue = make_queue()
     a = queue.publish("noop", serial_group="one")
     b = queue.publish("noop", serial_group="two")
-    _set(installed, a, state=2)
+    set_row(installed, a, state=2)
     assert queue.process_job(b) == "claimed"
 
 
@@ -333,7 +326,7 @@ def test_checklist_57_reread_after_lock(make_queue, installed):
     queue = make_queue()
     first = queue.publish("noop", serial_group="g")
     second = queue.publish("noop", serial_group="g")
-    _set(installed, second, state=2)  # already claimed elsewhere
+    set_row(installed, second, state=2)  # already claimed elsewhere
     assert queue.process_job(second) == "unexpected"
     assert state_of(installed, second) == JobState.PROCESSING
     assert state_of(installed, first) == JobState.READY
@@ -362,7 +355,7 @@ def test_finished_job_promotes_its_waiting_successor(make_queue, installed):
     queue.process_job(first)
     assert state_of(installed, first) == JobState.TEMPORARILY_FAILED
     assert state_of(installed, second) == JobState.WAITING
-    _set(installed, first, callback_name="noop")
+    set_row(installed, first, callback_name="noop")
     queue.process_job(first)
     assert state_of(installed, first) == JobState.FINISHED
     row = _row(installed, second)

@@ -12,12 +12,9 @@ import pytest
 from bgq import ConfigError, PublishError, Queue, SerializationError
 from bgq import params as params_codec
 from bgq.config import DEFAULT_MAX_PARAMETERS_BYTES
+from tests.support.helpers import count_rows
 
 PRAGUE = ZoneInfo("Europe/Prague")
-
-
-def count_rows(installed) -> int:
-    return installed.sql("SELECT COUNT(*) AS n FROM {t}")[0]["n"]
 
 
 def stored_parameters(queue: Queue, job_id: int):

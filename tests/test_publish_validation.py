@@ -20,17 +20,13 @@ from bgq import (
     SerializationError,
     UnknownCallbackError,
 )
-from tests.conftest import state_of
+from tests.support.helpers import count_rows, state_of
 
 UTC = dt.UTC
 
 
 def noop(*args, **kwargs):
     return None
-
-
-def count_rows(installed) -> int:
-    return installed.sql("SELECT COUNT(*) AS n FROM {t}")[0]["n"]
 
 
 def row_of(installed, job_id: int) -> dict:

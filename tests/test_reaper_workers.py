@@ -21,11 +21,12 @@ import pytest
 
 from bgq import JobState
 from bgq.reaper import REAP_INTERVAL
-from tests import ledger_worker
-from tests.conftest import AMQP_URL, state_of
+from tests.conftest import AMQP_URL
+from tests.support import ledger_worker
+from tests.support.helpers import state_of
+from tests.support.work_app import wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)
 from tests.test_work_concurrency import _check_groups, _publish, _unfinished
-from tests.work_app import wait_until
 
 pytestmark = pytest.mark.slow
 

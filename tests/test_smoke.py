@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 from bgq import JobState
-from tests.conftest import state_of
+from tests.support.clock import Clock
+from tests.support.helpers import state_of
 
 
 def test_canonical_order_in_cron_mode(make_queue, installed):
@@ -19,7 +18,8 @@ def test_canonical_order_in_cron_mode(make_queue, installed):
             overlaps.append(mark)
         order.append(mark)
 
-    queue = make_queue(callbacks={"record": record}, priorities=[1, 2])
+    clock = Clock()
+    queue = make_queue(callbacks={"record": record}, priorities=[1, 2], clock=clock)
     ids = [
         queue.publish("record", [m[0]], serial_group="transcribe", priority=int(m[1]))
         for m in ("a1", "b1", "c2", "d1", "e1", "f2", "g1")
@@ -28,6 +28,6 @@ def test_canonical_order_in_cron_mode(make_queue, installed):
         queue.process()
         if all(state_of(installed, i) == JobState.FINISHED for i in ids):
             break
-        time.sleep(1.05)
+        clock.advance(1.05)  # past waiting_job_expiration, should a job have turned WAITING
     assert order == list("abdegcf")
     assert overlaps == []

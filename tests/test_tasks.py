@@ -14,7 +14,7 @@ import mypy.api
 import pytest
 
 from bgq import ConfigError, JobState, PriorityError, PublishError, Queue
-from tests.conftest import state_of
+from tests.support.helpers import state_of
 
 
 def count_rows(installed) -> int:

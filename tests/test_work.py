@@ -1,13 +1,12 @@
 """`bgq work`, the continuous database worker, end to end on both dialects.
 
 In-process: `bgq.work.work(queue, stop=...)` runs in a thread and stops when the test sets
-`stop.requested`. As a person runs it: `bgq --app tests.work_app:queue work` in a subprocess.
+`stop.requested`. As a person runs it: `bgq --app tests.support.work_app:queue work` in a subprocess.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import os
 import random
@@ -29,9 +28,9 @@ from bgq import (
 )
 from bgq.errors import ConfigError
 from bgq.work import work
-from tests import ledger_worker, work_app
-from tests.conftest import unique_name
-from tests.work_app import Cli, wait_until
+from tests.support import ledger_worker, work_app
+from tests.support.helpers import json_column, unique_name
+from tests.support.work_app import Cli, wait_until
 
 MINUTE = 60_000
 TERMINAL = (JobState.FINISHED, JobState.PERMANENTLY_FAILED, JobState.REDUNDANT)
@@ -127,11 +126,6 @@ def _row(installed, job_id: int) -> dict[str, Any]:
 def _states(installed, ids) -> list[int]:
     rows = _rows(installed)
     return [rows[i]["state"] for i in ids]
-
-
-def _json(value):
-    """A JSON column as Python: psycopg parses json columns, pymysql returns text."""
-    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def _all_in(installed, ids, states) -> bool:
@@ -254,7 +248,7 @@ def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grou
     assert (wait["state"], wait["error_message"]) == (JobState.FINISHED, "not yet")
     (clone,) = [r for i, r in rows.items() if i not in originals and r["callback_name"] == "wait"]
     assert clone["state"] == JobState.READY and clone["number_of_attempts"] == 0
-    assert clone["serial_group"] == wait["serial_group"] and _json(clone["parameters_json"]) == ["wait"]
+    assert clone["serial_group"] == wait["serial_group"] and json_column(clone["parameters_json"]) == ["wait"]
 
     assert ids["recur"] not in rows, "a finished RECURRING job's row is replaced by its successor"
     (successor,) = [r for i, r in rows.items() if i not in originals and r["callback_name"] == "recur"]
@@ -305,12 +299,12 @@ def test_hooks_metadata_execution_time_and_memory(make_queue, installed, workers
     assert sorted(seen["error"]) == [(3, "failed 3"), (4, "failed 4")]
     rows = _rows(installed)
     for n, job in enumerate(ok + failing, start=1):
-        assert _json(rows[job]["metadata"]) == {"host": "h1", "n": n}, rows[job]
+        assert json_column(rows[job]["metadata"]) == {"host": "h1", "n": n}, rows[job]
     for job in ok:
         row = rows[job]
         assert row["state"] == JobState.FINISHED
         assert 25 <= row["execution_time"] < 5000, row
-        memory = _json(row["memory"])
+        memory = json_column(row["memory"])
         assert set(memory) == {"before", "after"} and memory["after"]["rss"] > 0, row
     for job in failing:
         assert rows[job]["state"] == JobState.TEMPORARILY_FAILED

@@ -1,6 +1,6 @@
 """The Core concurrency proof against `bgq work`: real worker processes on real servers.
 
-Every callback logs 'start' and 'end' to a ledger table (tests/work_app.py), each in its own
+Every callback logs 'start' and 'end' to a ledger table (tests/support/work_app.py), each in its own
 committed transaction, so the ledger's seq order is the order in which things happened. From it:
 every job ran exactly once, no two jobs of one serial group overlapped, and each group started its
 jobs in (priority, id) order. A second proof SIGKILLs the worker of a running grouped job.
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from bgq import JobState
-from tests import work_app
+from tests.support import work_app
+from tests.support.work_app import wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)
-from tests.work_app import wait_until
 
 GROUPS = 5
 GROUPED_JOBS = 240

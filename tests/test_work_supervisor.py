@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from bgq import supervisor
+from tests.support.work_app import Cli, wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)
-from tests.work_app import Cli, wait_until
 
 
 def children(pid: int) -> set[int]:
@@ -111,7 +111,7 @@ def test_workers_that_crash_at_start_make_the_supervisor_give_up(cli):  # noqa: 
     )
     assert lines[-1] == give_up, output
     assert lines.count(give_up) == 1
-    crashes = output.count("RuntimeError: tests.work_app:crashing_queue: this worker cannot start")
+    crashes = output.count("RuntimeError: tests.support.work_app:crashing_queue: this worker cannot start")
     assert supervisor.CRASH_LIMIT <= crashes <= 2 * supervisor.CRASH_LIMIT, output
     assert group_is_empty(proc.pid)
 

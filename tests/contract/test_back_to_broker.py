@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from bgq.procs import BACK_TO_BROKER
-
-from .helpers import (
+from tests.support.helpers import (
     T0,
     at,
     background,

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from .helpers import (
+from tests.support.helpers import (
     PID,
     QUEUE,
     T0,
@@ -20,6 +20,7 @@ from .helpers import (
     finish,
     group_row,
     held_transaction,
+    lock_timeout_setting,
     new_job,
     old_snapshot,
     processing_count,
@@ -278,7 +279,10 @@ def test_unique_checks_only_its_identifier_and_its_queue(installed):
     assert claim(installed, job).outcome == "claimed"
 
 
-def test_unique_identifiers_compare_byte_wise_including_trailing_spaces(installed):
+@pytest.mark.dialect_differs(
+    mysql="redundant", postgres="claimed", reason="utf8mb4_bin is a PAD SPACE collation: 'report ' = 'report'"
+)
+def test_unique_identifiers_compare_byte_wise_including_trailing_spaces(installed, dialect_expects):
     """schema.sql: identifiers compare byte-wise; 'report ' is not 'report' on PostgreSQL.
 
     Dialect exception (MySQL/MariaDB): utf8mb4_bin is a PAD SPACE collation, so 'report ' equals
@@ -288,8 +292,7 @@ def test_unique_identifiers_compare_byte_wise_including_trailing_spaces(installe
     """
     new_job(installed, identifier="report", mode="unique")
     job = new_job(installed, identifier="report ", mode="unique")
-    expected = "redundant" if installed.db.dialect.name == "mysql" else "claimed"
-    assert claim(installed, job).outcome == expected
+    assert claim(installed, job).outcome == dialect_expects
 
 
 def test_normal_job_with_a_duplicate_identifier_is_not_redundant(installed):
@@ -447,7 +450,10 @@ def test_second_claimer_of_a_group_blocks_until_the_first_ends(installed, a_ends
     assert processing_count(installed, "g") == 1
 
 
-def test_claims_of_different_groups_never_wait_for_each_other(installed):
+@pytest.mark.dialect_differs(
+    mysql=True, postgres=False, reason="InnoDB's duplicate check on running_group takes a gap lock"
+)
+def test_claims_of_different_groups_never_wait_for_each_other(installed, dialect_expects):
     """The group lock is per group (checklist 55), also right after the group ran a job.
 
     Fresh group names, so that no index entry of an earlier test lies between the two.
@@ -470,16 +476,9 @@ def test_claims_of_different_groups_never_wait_for_each_other(installed):
             blocked = blocked_or_done(installed, other)
             conn_a.commit()
         result = other.result(timeout=60)
-    if installed.db.dialect.name != "mysql":
-        assert not blocked, "the claim of group h waited for the open claim of group g"
+    assert blocked == dialect_expects, "whether the claim of group h waited for the open claim of group g"
     assert result.outcome == "claimed"
     assert states(installed, job_g, job_h) == [2, 2]
-
-
-def _lock_timeout_setting(installed, conn):
-    if installed.db.dialect.name == "mysql":
-        return conn.exec_driver_sql("SELECT @@SESSION.innodb_lock_wait_timeout").scalar_one()
-    return conn.exec_driver_sql("SHOW lock_timeout").scalar_one()
 
 
 def test_group_lock_held_longer_than_3_s_makes_the_claim_locked(installed):
@@ -490,11 +489,11 @@ def test_group_lock_held_longer_than_3_s_makes_the_claim_locked(installed):
 
     def claim_b():
         with installed.db.transaction() as conn:
-            setting_before = _lock_timeout_setting(installed, conn)
+            setting_before = lock_timeout_setting(installed, conn)
             started = time.monotonic()
             result = claim(installed, job_b, conn=conn, now=at(1))
             elapsed = time.monotonic() - started
-            return result, elapsed, setting_before, _lock_timeout_setting(installed, conn)
+            return result, elapsed, setting_before, lock_timeout_setting(installed, conn)
 
     with background() as run, held_transaction(installed) as conn_a:
         assert claim(installed, job_a, conn=conn_a).outcome == "claimed"

@@ -9,8 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 import bgq
-
-from .helpers import (
+from tests.support.helpers import (
     PID,
     QUEUE,
     T0,
@@ -23,6 +22,7 @@ from .helpers import (
     finish,
     group_row,
     held_transaction,
+    lock_timeout_setting,
     new_job,
     procs,
     row,
@@ -455,12 +455,6 @@ def test_concurrent_batch_claims_never_return_the_same_job(installed):
         assert states(installed, *followers) == [1, 1, 1, 1]
 
 
-def _lock_timeout_setting(installed, conn):
-    if installed.db.dialect.name == "mysql":
-        return conn.exec_driver_sql("SELECT @@SESSION.innodb_lock_wait_timeout").scalar_one()
-    return conn.exec_driver_sql("SHOW lock_timeout").scalar_one()
-
-
 def test_a_head_whose_group_row_another_transaction_holds_is_skipped_at_once(installed):
     """The group's head is left out without waiting; the rest of the batch is claimed all the same."""
     head = new_job(installed, group="g")
@@ -468,11 +462,11 @@ def test_a_head_whose_group_row_another_transaction_holds_is_skipped_at_once(ins
 
     def claim_b():
         with installed.db.transaction() as conn:
-            setting_before = _lock_timeout_setting(installed, conn)
+            setting_before = lock_timeout_setting(installed, conn)
             started = time.monotonic()
             result = claim_batch(installed, 10, pid=7, conn=conn, now=at(1))
             elapsed = time.monotonic() - started
-            return result, elapsed, setting_before, _lock_timeout_setting(installed, conn)
+            return result, elapsed, setting_before, lock_timeout_setting(installed, conn)
 
     installed.sql("INSERT INTO {t}_group (serial_group, updated_at) VALUES ('g', %s)", (T0,))
     with background() as run, held_transaction(installed) as conn_a:  # a finish of g, say

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import (
+from tests.support.helpers import (
     T0,
     at,
     claim,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import T0, at, new_job, procs, set_row
+from tests.support.helpers import T0, at, new_job, procs, set_row
 
 ALL_STATES = (8, 1, 6, -1, 4, 2, 3, 5, 7)  # inserted in this order, so id order is not state order
 

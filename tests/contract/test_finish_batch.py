@@ -7,8 +7,7 @@ import sqlalchemy as sa
 
 import bgq
 from bgq.model import JobResult
-
-from .helpers import (
+from tests.support.helpers import (
     PID,
     T0,
     at,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .helpers import claim, claimed, finish, new_job, procs, set_row
+from tests.support.helpers import claim, claimed, finish, new_job, procs, set_row
 
 
 def group_heads(installed):

@@ -6,8 +6,7 @@ import pytest
 import sqlalchemy as sa
 
 from bgq.procs import HEARTBEAT
-
-from .helpers import (
+from tests.support.helpers import (
     T0,
     at,
     background,

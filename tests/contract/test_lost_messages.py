@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bgq.procs import LOST_MESSAGES
-
-from .helpers import (
+from tests.support.helpers import (
     T0,
     at,
     background,

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from bgq.model import StuckJobs
-
-from .helpers import T0, at, claimed, new_job, procs, set_row
+from tests.support.helpers import T0, at, claimed, new_job, procs, set_row
 
 DAY = 86400
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import claimed, new_job, procs, set_row
+from tests.support.helpers import claimed, new_job, procs, set_row
 
 
 def predecessor(installed, job_id):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .helpers import (
+from tests.support.helpers import (
     T0,
     at,
     background,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 import bgq
-
-from .helpers import T0, at, claim, claimed, finish, new_job, procs, row, set_row, state
+from tests.support.helpers import T0, at, claim, claimed, finish, new_job, procs, row, set_row, state
 
 
 def requeue(installed, job_id, reason="fixed the SMTP password", now=T0):

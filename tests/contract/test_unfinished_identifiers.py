@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .helpers import new_job, procs, set_row
+from tests.support.helpers import new_job, procs, set_row
 
 TERMINAL = (3, 5, 7)
 UNFINISHED = (-1, 1, 2, 4, 6, 8)

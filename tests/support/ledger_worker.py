@@ -15,7 +15,7 @@ _ledger: dict[str, Any] = {}
 
 def create_ledger(url: str, ledger: str) -> None:
     """The ledger table: one row per start/end event, `seq` in commit order (`at`: time.time(),
-    written by tests/work_app.py's callbacks)."""
+    written by tests/support/work_app.py's callbacks)."""
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":

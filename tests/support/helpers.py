@@ -1,14 +1,18 @@
-"""Shared tools of the contract suite: jobs by hand, one-transaction procedure calls, held transactions."""
+"""Shared test tools: jobs and rows by hand, one-transaction procedure calls, held transactions, names."""
 
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -290,3 +294,52 @@ def finish_batch(
         return procs(installed).finish_batch(conn, results, now)
     with installed.db.transaction() as own:
         return procs(installed).finish_batch(own, results, now)
+
+
+def unique_name(prefix: str = "bgqt") -> str:
+    """A table (or queue) name no other test, worker process or xdist worker uses."""
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def state_of(installed: Any, job_id: int) -> int | None:
+    """The job's state, read by raw SQL; None when the row is gone."""
+    rows = installed.sql("SELECT state FROM {t} WHERE id = %s", (job_id,))
+    return rows[0]["state"] if rows else None
+
+
+def count_rows(installed: Any) -> int:
+    return int(installed.sql("SELECT COUNT(*) AS n FROM {t}")[0]["n"])
+
+
+def json_column(value: Any) -> Any:
+    """A JSON column as Python: psycopg parses json columns, pymysql returns text."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def session_id(conn: Connection) -> int:
+    """The server's id of the connection's session (to kill it, or find it in the process list)."""
+    mysql = conn.dialect.name == "mysql"
+    return int(
+        conn.exec_driver_sql("SELECT CONNECTION_ID()" if mysql else "SELECT pg_backend_pid()").scalar_one()
+    )
+
+
+def lock_timeout_setting(installed: Any, conn: Connection) -> Any:
+    """The session's lock wait limit as the server reports it (MySQL: seconds; PostgreSQL: text)."""
+    if installed.db.dialect.name == "mysql":
+        return conn.exec_driver_sql("SELECT @@SESSION.innodb_lock_wait_timeout").scalar_one()
+    return conn.exec_driver_sql("SHOW lock_timeout").scalar_one()
+
+
+@contextmanager
+def host_lock(name: str) -> Iterator[None]:
+    """Hold an exclusive flock on `<tmp>/bgq-tests-<name>.lock` for the block: tests that share a
+    fixed-name resource (`bgq demo`'s table and broker queues) run one at a time on this host,
+    across xdist workers and separate pytest runs alike. The kernel drops it if the holder dies."""
+    path = Path(tempfile.gettempdir()) / f"bgq-tests-{name}.lock"
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,4 +1,4 @@
-"""The application `bgq work` runs in the tests: `bgq --app tests.work_app:queue work`.
+"""The application `bgq work` runs in the tests: `bgq --app tests.support.work_app:queue work`.
 
 Configured by environment variables (set by tests/test_work*.py):
   BGQ_TEST_WORK_URL, BGQ_TEST_WORK_TABLE  the installed test table
@@ -91,7 +91,7 @@ def slow_once(token: str, grp: str | None = None, seconds: float = 30.0) -> None
 
 
 def queue() -> Queue:
-    """The factory `--app tests.work_app:queue` calls; it logs a 'ready' event for its process."""
+    """The factory `--app tests.support.work_app:queue` calls; it logs a 'ready' event for its process."""
     built = Queue(
         callbacks={"ledger": ledger, "slow_once": slow_once, "noop": lambda *a, **k: None},
         database_url=os.environ["BGQ_TEST_WORK_URL"],
@@ -107,7 +107,7 @@ def queue() -> Queue:
 
 
 def crashing_queue() -> Queue:
-    """`--app tests.work_app:crashing_queue`: queue(), but no process other than the one that
+    """`--app tests.support.work_app:crashing_queue`: queue(), but no process other than the one that
     built it can open a database connection: each forked `bgq work -c N` worker crashes at its
     start, while the supervisor's own checks (in the building process) pass."""
     built = queue()
@@ -115,7 +115,7 @@ def crashing_queue() -> Queue:
 
     def refuse(dbapi_connection: Any, record: Any) -> None:
         if os.getpid() != builder:
-            raise RuntimeError("tests.work_app:crashing_queue: this worker cannot start")
+            raise RuntimeError("tests.support.work_app:crashing_queue: this worker cannot start")
 
     sa.event.listen(sa.engine.Engine, "connect", refuse)
     return built
@@ -123,7 +123,9 @@ def crashing_queue() -> Queue:
 
 # --- for the tests: `bgq work` processes on this app, and waiting ---
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = (
+    Path(__file__).resolve().parents[2]
+)  # the repository root: the CLI imports `tests.support.work_app` from it
 BGQ = str(Path(sys.executable).parent / "bgq")
 
 
@@ -140,7 +142,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 
 
 class Cli:
-    """Start `bgq --app tests.work_app:queue work ...` processes (`app=` names another factory);
+    """Start `bgq --app tests.support.work_app:queue work ...` processes (`app=` names another factory);
     kill whatever is left at close()."""
 
     def __init__(self, url: str, table: str, ledger: str, logs: Path, stalled: int | None = None) -> None:
@@ -154,7 +156,7 @@ class Cli:
     def start(self, *args: str, app: str = "queue") -> subprocess.Popen[bytes]:
         log = (self.logs / f"worker{len(self.procs)}.log").open("wb")
         proc = subprocess.Popen(
-            [BGQ, "--app", f"tests.work_app:{app}", *args],
+            [BGQ, "--app", f"tests.support.work_app:{app}", *args],
             cwd=ROOT,
             env=self.env,
             stdout=log,
