@@ -1,7 +1,7 @@
 """Coroutine callbacks and hooks in every worker mode, and `publish_async`, on both dialects.
 
 Cron (`bgq process`), work (`bgq work --concurrency 2`) and broker (`bgq consume`) run as real
-processes on tests/async_app.py, whose callbacks and hooks are all `async def` and write to a
+processes on tests/support/async_app.py, whose callbacks and hooks are all `async def` and write to a
 ledger which process ran what on which event loop. In-process tests cover the heartbeat from a
 coroutine, a caller already inside a running loop, a forked child's own loop and publish_async.
 """
@@ -81,7 +81,7 @@ def test_coroutines_in_cron_mode(make_queue, installed, ledger, app_env):
     queue = make_queue(callbacks={"greet": noop, "fail": noop}, priorities=[1, 2])
     greet, bad = _publish(queue, ["a", "b", "c"])
     result = subprocess.run(
-        [BGQ, "--app", "tests.async_app:queue", "process"], cwd=ROOT, env=app_env,
+        [BGQ, "--app", "tests.support.async_app:queue", "process"], cwd=ROOT, env=app_env,
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -93,7 +93,7 @@ def test_coroutines_in_work_mode_with_forked_workers(make_queue, installed, ledg
     greet, bad = _publish(queue, [f"w{i}" for i in range(8)])
     log = (tmp_path / "work.log").open("wb")
     proc = subprocess.Popen(
-        [BGQ, "--app", "tests.async_app:queue", "work", "--concurrency", "2"],
+        [BGQ, "--app", "tests.support.async_app:queue", "work", "--concurrency", "2"],
         cwd=ROOT, env=app_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
@@ -120,7 +120,7 @@ def test_coroutines_in_broker_mode(broker_queue, installed, ledger, app_env, rab
     greet, bad = _publish(queue, ["x", "y"])
     app_env.update(BGQ_TEST_ASYNC_AMQP=AMQP_URL, BGQ_TEST_ASYNC_QUEUE=rabbit.base)
     result = subprocess.run(
-        [BGQ, "--app", "tests.async_app:queue", "consume", "-j", "3"], cwd=ROOT, env=app_env,
+        [BGQ, "--app", "tests.support.async_app:queue", "consume", "-j", "3"], cwd=ROOT, env=app_env,
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
