@@ -6,10 +6,12 @@ so page 10,000 costs what page 1 costs; each filter runs on an index the schema 
 
   state        {table}_state (state, id)
   identifier   {table}_identifier (identifier; InnoDB appends id, PostgreSQL filters by it)
-  group        PostgreSQL: {table}_pending_head / the primary key; MySQL: {table}_group_state
+  group        {table}_group_id (serial_group, id)  (migration 0005_console)
   queue, callback, error text: the primary key walked in id order, filtering as it goes (no
                index narrows them: a filter that matches few rows of a huge table reads far;
                combine it with a state).
+The overview reads {table}_queue_state (counts, index-only) and {table}_state_updated (the last
+hour, one range per state); EXPLAIN output: `tools/web_timing.py --explain`.
 The serial-groups page walks {table}_pending_head in group order and stops after one page.
 """
 

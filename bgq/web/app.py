@@ -19,7 +19,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from ..errors import ConfigError, JobNotFoundError, JobStateError
-from ..model import JobRef, JobState
+from ..model import JobState
 from ..queue import Queue
 from ..reads import JobFilter, Reads
 from .auth import ADMIN, Credentials, Gate
@@ -34,12 +34,13 @@ POLL_S = 2.0
 
 @dataclass(frozen=True)
 class Action:
-    """A change a person can make, one stored procedure per job: `run(queue, job_id, reason)`."""
+    """A change a person can make, one stored procedure per job: `run(queue, job_id, reason)`
+    (its result is not used; JobNotFoundError / JobStateError mean "skipped")."""
 
     name: str
     label: str
     explains: str  # what it does, on the confirmation page
-    run: Callable[[Queue, int, str], JobRef]
+    run: Callable[[Queue, int, str], object]
 
 
 #: The console's actions by name. Each runs through a procedure, which records the reason (who
