@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from .db import Database
+from .model import JobState
 
 #: The columns a list of jobs shows (the error cut to its first 200 characters).
 _LIST_COLUMNS = (
@@ -88,6 +89,18 @@ class Reads:
             f"SELECT queue, state, COUNT(*) AS n FROM {self.table}"
             " GROUP BY queue, state ORDER BY queue, state",
         )
+
+    def signature(self, conn: Connection) -> tuple[Any, ...]:
+        """A cheap fingerprint of the table that changes with every insert and state change: the
+        newest id and each state's latest updated_at, one index dive each (the primary key, then
+        {table}_state_updated per state). The live refresh polls it."""
+        row = conn.exec_driver_sql(
+            f"SELECT (SELECT MAX(id) FROM {self.table}), "
+            + ", ".join(
+                f"(SELECT MAX(updated_at) FROM {self.table} WHERE state = {int(state)})" for state in JobState
+            )
+        ).one()
+        return tuple(row)
 
     def oldest_due(self, conn: Connection, now: dt.datetime) -> dict[str, Any] | None:
         """The longest-waiting READY or TEMPORARILY_FAILED job whose postponement is over."""

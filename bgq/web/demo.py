@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import random
 from typing import Any
 
@@ -46,7 +47,11 @@ CALLBACKS = {
 
 
 def demo_queue(database_url: str | None) -> Queue:
+    # The demo's failures are on purpose: their log records (with tracebacks) would only be noise.
+    quiet = logging.getLogger("bgq.web.demo")
+    quiet.setLevel(logging.CRITICAL + 1)
     return Queue(
+        logger=quiet,
         callbacks=CALLBACKS,
         database_url=database_url,
         table_name=DEMO_TABLE,

@@ -125,3 +125,22 @@ def test_a_failed_head_in_backoff_is_named_as_the_blocker(make_queue, installed)
         (view,) = Reads(queue.database, installed.table).groups(conn, None, None, 10)
     assert view.head["id"] == head
     assert blocker(view, dt.datetime.now(dt.UTC)).startswith(f"failed head #{head} in backoff until ")
+
+
+def test_the_live_refresh_fingerprint_changes_with_inserts_and_state_changes_only(make_queue, installed):
+    queue = make_queue()
+    reads = Reads(queue.database, installed.table)
+
+    def signature():
+        with queue.database.transaction() as conn:
+            return reads.signature(conn)
+
+    empty = signature()
+    assert signature() == empty
+    job = queue.publish("noop", [1])
+    published = signature()
+    assert published != empty
+    assert signature() == published
+    queue.process()  # READY -> FINISHED: no new row, a new state
+    assert installed.sql("SELECT state FROM {t} WHERE id = %s", (job,)) == [{"state": 3}]
+    assert signature() != published
