@@ -144,3 +144,28 @@ def test_the_live_refresh_fingerprint_changes_with_inserts_and_state_changes_onl
     queue.process()  # READY -> FINISHED: no new row, a new state
     assert installed.sql("SELECT state FROM {t} WHERE id = %s", (job,)) == [{"state": 3}]
     assert signature() != published
+
+
+def test_a_token_acts_as_admin_and_a_referer_from_the_console_passes_the_origin_check(make_queue, installed):
+    from starlette.testclient import TestClient
+
+    queue = make_queue()
+    job = queue.publish("noop", [1], postpone_by=3_600_000)
+    client = TestClient(app(queue, credentials=Credentials(token="s3cret-token")))
+    assert client.get("/jobs").status_code == 401
+    assert client.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    bearer = {"Authorization": "Bearer s3cret-token"}
+    assert client.get(f"/jobs/{job}", headers=bearer).status_code == 200
+    form = {"id": str(job), "confirm": "yes", "reason": "now"}
+    elsewhere = client.post(
+        "/actions/run_now", data=form, headers={**bearer, "Referer": "http://evil.example/"}
+    )
+    assert elsewhere.status_code == 403
+    assert installed.sql("SELECT postponed_by FROM {t} WHERE id = %s", (job,)) == [
+        {"postponed_by": 3_600_000}
+    ]
+    ours = client.post(
+        "/actions/run_now", data=form, headers={**bearer, "Referer": f"http://testserver/confirm?id={job}"}
+    )
+    assert ours.status_code == 200 and "1 job(s) changed" in ours.text
+    assert installed.sql("SELECT postponed_by FROM {t} WHERE id = %s", (job,)) == [{"postponed_by": None}]
