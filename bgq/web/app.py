@@ -227,7 +227,12 @@ class Console:
 
     def render(self, request: Request, template: str, status: int = 200, **context: Any) -> Response:
         state = request.scope.get("state", {})
-        context.update(user=state.get("user"), can_act=state.get("role") == ADMIN, request=request)
+        root = request.scope.get("root_path", "").rstrip("/")  # where the app is mounted
+        path = request.url.path
+        here = path[len(root) :] if root and path.startswith(root) else path
+        context.update(
+            user=state.get("user"), can_act=state.get("role") == ADMIN, request=request, root=root, here=here
+        )
         context.setdefault("table", self.queue.config.table_name)
         return self.templates.TemplateResponse(request, template, context, status_code=status)
 

@@ -169,3 +169,23 @@ def test_a_token_acts_as_admin_and_a_referer_from_the_console_passes_the_origin_
     )
     assert ours.status_code == 200 and "1 job(s) changed" in ours.text
     assert installed.sql("SELECT postponed_by FROM {t} WHERE id = %s", (job,)) == [{"postponed_by": None}]
+
+
+def test_mounted_in_another_app_every_link_stays_under_the_mount(make_queue, installed):
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+    from starlette.testclient import TestClient
+
+    queue = make_queue()
+    job = queue.publish("noop", [1], serial_group="g")
+    client = TestClient(Starlette(routes=[Mount("/ops/bgq", app=app(queue, no_auth=True))]))
+    page = client.get("/ops/bgq/jobs")
+    assert page.status_code == 200
+    assert f'href="/ops/bgq/jobs/{job}"' in page.text
+    assert 'src="http://testserver/ops/bgq/static/htmx.min.js"' in page.text
+    assert 'EventSource("/ops/bgq/events")' in page.text
+    assert client.get("/ops/bgq/static/htmx.min.js").status_code == 200
+    groups = client.get("/ops/bgq/groups").text
+    assert 'href="/ops/bgq/jobs?group=g"' in groups
+    confirm = client.get(f"/ops/bgq/confirm?action=requeue&id={job}").text
+    assert 'action="/ops/bgq/actions/requeue"' in confirm
