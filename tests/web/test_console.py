@@ -189,3 +189,22 @@ def test_mounted_in_another_app_every_link_stays_under_the_mount(make_queue, ins
     assert 'href="/ops/bgq/jobs?group=g"' in groups
     confirm = client.get(f"/ops/bgq/confirm?action=requeue&id={job}").text
     assert 'action="/ops/bgq/actions/requeue"' in confirm
+
+
+def test_a_job_page_shows_json_indented_and_pickled_parameters_unopened(make_queue, installed):
+    from starlette.testclient import TestClient
+
+    queue = make_queue(allow_pickle=True)
+    plain = queue.publish("noop", {"to": "a@example.com", "n": [1, 2]})
+    pickled = queue.publish("noop", [{"a set, not JSON"}])
+    assert installed.sql("SELECT parameters_json FROM {t} WHERE id = %s", (pickled,)) == [
+        {"parameters_json": None}
+    ]
+    client = TestClient(app(queue, no_auth=True))
+    assert (
+        "{\n  &#34;to&#34;: &#34;a@example.com&#34;,\n  &#34;n&#34;: [\n    1,"
+        in client.get(f"/jobs/{plain}").text
+    )
+    page = client.get(f"/jobs/{pickled}").text
+    assert "(pickled, " in page and "not unpickled" in page
+    assert "a set, not JSON" not in page
