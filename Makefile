@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint bench chaos clean
+.PHONY: install demo web test lint bench chaos clean
 
 BENCH_VENV  := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
@@ -14,15 +14,22 @@ CHAOS_ARGS  ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,embedded]'
+	$(BIN)/pip install --quiet -e '.[dev,embedded,web]'
 	touch $(STAMP)
 
+# The browser tests (tests/web/) drive Debian's chromium: installed here when it is missing.
 install: $(STAMP)
+	sh tools/install-chromium.sh
 
 demo: $(STAMP)
 	$(BIN)/bgq demo
 
+# The operator console on the embedded PostgreSQL with demo data, open on loopback only.
+web: $(STAMP)
+	$(BIN)/bgq web --demo --no-auth --host 127.0.0.1 --port 8080
+
 test: $(STAMP)
+	sh tools/install-chromium.sh
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -1,4 +1,4 @@
-"""Operations for people: requeue, a job's row, unfinished identifiers, the monitor, clear-finished."""
+"""Operations for people: requeue, run now, a job's row, identifiers, the monitor, clear-finished."""
 
 from __future__ import annotations
 
@@ -28,6 +28,14 @@ class Admin:
         """The DBA's manual requeue: the job becomes READY again (not while PROCESSING)."""
         with self.store.database.transaction() as conn:
             job = self.store.procs.requeue(conn, job_id, reason)
+        self.sender.send([(job.id, job.queue, job.priority, None)])
+        return job
+
+    def run_now(self, job_id: int, reason: str) -> JobRef:
+        """Clear a READY or TEMPORARILY_FAILED job's postponement: it is due at once (broker
+        mode: its id is sent again; the claim is exactly-once)."""
+        with self.store.database.transaction() as conn:
+            job = self.store.procs.run_now(conn, job_id, reason)
         self.sender.send([(job.id, job.queue, job.priority, None)])
         return job
 

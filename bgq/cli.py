@@ -1,4 +1,4 @@
-"""The `bgq` command line (typer): install-procs, process, consume, monitor, clear-finished, requeue, demo."""
+"""The `bgq` command line (typer): install-procs, process, consume, work, monitor, requeue, demo, web."""
 
 from __future__ import annotations
 
@@ -483,6 +483,66 @@ def demo(
     ran = run_demo(state.database_url, broker)
     if ran != EXPECTED:
         fail(f"unexpected order {ran!r}")
+
+
+@app.command()
+def web(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8080,
+    no_auth: Annotated[
+        bool, typer.Option("--no-auth", help="No credentials: accepted on a loopback address only.")
+    ] = False,
+    user: Annotated[
+        str | None, typer.Option("--user", envvar="BGQ_WEB_USER", help="Admin user (HTTP basic).")
+    ] = None,
+    password: Annotated[
+        str | None, typer.Option("--password", envvar="BGQ_WEB_PASSWORD", help="Admin password.")
+    ] = None,
+    readonly_user: Annotated[
+        str | None, typer.Option("--readonly-user", envvar="BGQ_WEB_READONLY_USER", help="Read-only user.")
+    ] = None,
+    readonly_password: Annotated[
+        str | None,
+        typer.Option("--readonly-password", envvar="BGQ_WEB_READONLY_PASSWORD", help="Read-only password."),
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option("--token", envvar="BGQ_WEB_TOKEN", help="Bearer token (acts as admin).")
+    ] = None,
+    demo: Annotated[
+        bool, typer.Option("--demo", help="Fill a demo table with jobs in every state, and show it.")
+    ] = False,
+) -> None:
+    """The operator console (pip install 'bgq[web]'): overview, jobs, serial groups, failures.
+
+    Shows --app's table, else --database-url/--table's; --demo uses its own table (embedded
+    PostgreSQL when no database is given). Refuses to start without credentials unless bound to
+    loopback with --no-auth.
+    """
+    try:
+        from .web.auth import Credentials
+        from .web.serve import check_open, serve
+    except ImportError as exc:
+        fail(f"bgq web needs the web extra: pip install 'bgq[web]' ({exc})")
+    env = {"BGQ_WEB_USER": user or "", "BGQ_WEB_PASSWORD": password or "",
+           "BGQ_WEB_READONLY_USER": readonly_user or "", "BGQ_WEB_READONLY_PASSWORD": readonly_password or "",
+           "BGQ_WEB_TOKEN": token or ""}  # fmt: skip
+    credentials = Credentials.from_env(env)
+    check_open(host, credentials, no_auth)  # before touching any database
+    if demo:
+        from .web.demo import demo_queue, seed
+
+        queue = demo_queue(state.database_url)
+        seed(queue)
+    else:
+        loaded = load_queue(required=False)
+        queue = loaded or Queue(
+            callbacks={"_console": lambda: None},  # the console runs no callback
+            database_url=state.database_url,
+            **({"table_name": state.table} if state.table else {}),
+        )
+    state.queue = queue
+    typer.echo(f"bgq web: http://{host}:{port}/ (table {queue.config.table_name})")
+    serve(queue, host, port, credentials, no_auth)
 
 
 def main() -> None:

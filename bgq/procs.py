@@ -69,6 +69,7 @@ DUE_JOBS = Proc(
     (("p_queue", "varchar"), ("p_broker_mode", "integer"), ("p_limit", "integer"), ("p_now", "timestamptz")),
 )
 REQUEUE = Proc("requeue", (("p_id", "bigint"), ("p_reason", "text"), ("p_now", "timestamptz")))
+RUN_NOW = Proc("run_now", (("p_id", "bigint"), ("p_reason", "text"), ("p_now", "timestamptz")))
 REAP = Proc(
     "reap",
     (
@@ -118,6 +119,7 @@ ALL_PROCS: tuple[Proc, ...] = (
     UNFINISHED_IDENTIFIERS,
     MONITOR,
     CLEAR_FINISHED,
+    RUN_NOW,
 )
 #: Called by the other procedures only, never by Python; installed all the same.
 INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()), Proc("claim_job", ()), Proc("finish_results", ()))
@@ -251,6 +253,14 @@ class Procs:
 
     def requeue(self, conn: Connection, job_id: int, reason: str, now: dt.datetime | None = None) -> JobRef:
         rows = self._call(conn, REQUEUE, job_id, reason, now)
+        if not rows:  # deleted between the procedure's two reads
+            raise JobNotFoundError("no such job")
+        row = rows[0]
+        return JobRef(row["id"], row["previous_state"], row["queue"], row["priority"])
+
+    def run_now(self, conn: Connection, job_id: int, reason: str, now: dt.datetime | None = None) -> JobRef:
+        """Clear a not-started job's postponement (READY or TEMPORARILY_FAILED): due at once."""
+        rows = self._call(conn, RUN_NOW, job_id, reason, now)
         if not rows:  # deleted between the procedure's two reads
             raise JobNotFoundError("no such job")
         row = rows[0]

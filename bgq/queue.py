@@ -300,6 +300,10 @@ class Queue:
         """The DBA's manual requeue: the job becomes READY again (not while PROCESSING)."""
         return self.admin.requeue(job_id, reason)
 
+    def run_now(self, job_id: int, reason: str) -> JobRef:
+        """Clear a READY or TEMPORARILY_FAILED job's postponement: it is due at once."""
+        return self.admin.run_now(job_id, reason)
+
     def get_job(self, job_id: int) -> dict[str, Any] | None:
         """The job's row, for people and tests."""
         return self.admin.get_job(job_id)

@@ -81,6 +81,11 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     KEY {{ table }}_group_state (serial_group, state, priority, id),
     KEY {{ table }}_state (state, id),
     KEY {{ table }}_identifier (identifier),
+    -- The web console's reads (migration 0005_console): counts per queue and state from the
+    -- index alone, the last hour per state by updated_at, one serial group's jobs in id order.
+    KEY {{ table }}_queue_state (queue, state),
+    KEY {{ table }}_state_updated (state, updated_at),
+    KEY {{ table }}_group_id (serial_group),
     CONSTRAINT {{ table }}_state_check CHECK (state IN (-1, 1, 2, 3, 4, 5, 6, 7, 8)),
     CONSTRAINT {{ table }}_mode_check CHECK (mode IN ('normal', 'unique', 'recurring'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;

@@ -75,6 +75,15 @@ CREATE INDEX IF NOT EXISTS {{ table }}_state ON {{ table }} (state, id);
 
 CREATE INDEX IF NOT EXISTS {{ table }}_identifier ON {{ table }} (identifier);
 
+-- The web console's reads (migration 0005_console): counts per queue and state from the index
+-- alone, the last hour per state by updated_at, and one serial group's jobs in id order.
+CREATE INDEX IF NOT EXISTS {{ table }}_queue_state ON {{ table }} (queue, state);
+
+CREATE INDEX IF NOT EXISTS {{ table }}_state_updated ON {{ table }} (state, updated_at);
+
+CREATE INDEX IF NOT EXISTS {{ table }}_group_id
+ON {{ table }} (serial_group, id) WHERE serial_group IS NOT NULL;
+
 CREATE TABLE IF NOT EXISTS {{ table }}_group (
     serial_group VARCHAR(255) NOT NULL PRIMARY KEY,
     waiting_head_id BIGINT NULL,

@@ -1,0 +1,159 @@
+"""The console in a real browser (Debian's chromium, Playwright), on both dialects: log in, live
+counts, filters, requeue and bulk actions through the procedures, the read-only role, escaping,
+the same-origin check."""
+
+from __future__ import annotations
+
+import re
+
+from playwright.sync_api import expect
+
+from tests.support.helpers import state_of
+
+from .conftest import ADMIN, READER
+
+
+def _failed_for_good(console, *names):
+    """Publish one job per name with its callback broken, run them: PERMANENTLY_FAILED."""
+    console.flaky.fail.update(names)
+    ids = [console.queue.publish(name, {"n": i}) for i, name in enumerate(names)]
+    console.queue.process()
+    console.flaky.fail.clear()
+    return ids
+
+
+def test_login_is_required_and_counts_change_live_after_a_publish(pages, console, installed):
+    anonymous = pages(None)  # (headless chromium cannot show the login prompt: ask as it would)
+    response = anonymous.context.request.get(f"{console.url}/")
+    assert response.status == 401
+    assert response.headers["www-authenticate"].startswith("Basic")
+    wrong = pages({"username": "ada", "password": "guess"}).context.request.get(f"{console.url}/jobs")
+    assert wrong.status == 401
+
+    page = pages(ADMIN)
+    assert page.goto("/").status == 200
+    expect(page.locator("header .who")).to_contain_text("ada")
+    console.queue.publish("mail", {"to": "a@example.com"})
+    ready = page.locator('#counts th[data-total="READY"]')
+    # The first job may arrive before the page: wait for a stable count, then publish once more.
+    expect(ready).to_have_text("1")
+    console.queue.publish("mail", {"to": "b@example.com"})
+    console.queue.publish("mail", {"to": "c@example.com"})
+    expect(ready).to_have_text("3", timeout=8000)  # no reload: the server-sent event refreshed it
+
+
+def test_filter_the_jobs_to_one_serial_group(pages, console):
+    ours = [console.queue.publish("sync", [n], serial_group="east") for n in range(3)]
+    console.queue.publish("sync", [9], serial_group="west")
+    console.queue.publish("mail", {"to": "x@example.com"})
+    page = pages(ADMIN)
+    page.goto("/jobs")
+    expect(page.locator("#jobs tr[data-id]")).to_have_count(5)
+    page.fill("input[name=group]", "east")
+    page.click("form.filter button[type=submit]")
+    rows = page.locator("#jobs tr[data-id]")
+    expect(rows).to_have_count(3)
+    assert sorted(int(i) for i in rows.evaluate_all("rs => rs.map(r => r.dataset.id)")) == sorted(ours)
+    page.goto("/groups?name=east")
+    expect(page.locator("#groups tr")).to_have_count(2)  # the header and east
+    expect(page.locator("#groups")).to_contain_text("nothing: the head is due")
+
+
+def test_requeue_a_permanently_failed_job_and_see_it_run(pages, console, installed):
+    (job,) = _failed_for_good(console, "charge")
+    assert state_of(installed, job) == 5
+    page = pages(ADMIN)
+    page.goto(f"/jobs/{job}")
+    expect(page.locator("h2")).to_contain_text("PERMANENTLY_FAILED")
+    expect(page.locator("#error")).to_contain_text("charge is broken")
+    page.click("#act-requeue")
+    page.fill("#reason", "the gateway is fixed")
+    page.click("#confirm")
+    expect(page.locator("#result")).to_have_text("1 job(s) changed, 0 skipped.")
+    assert state_of(installed, job) == 1
+    page.goto(f"/jobs/{job}")  # who and why are in the job (when: its updated_at)
+    expect(page.locator("#error")).to_have_text("Requeued: the gateway is fixed (by ada via bgq web)")
+    console.queue.process()
+    page.goto(f"/jobs/{job}")
+    expect(page.locator("h2")).to_contain_text("FINISHED")
+    assert "charge" in console.flaky.ran
+
+
+def test_bulk_requeue_by_filter_changes_only_the_matching_jobs(pages, console, installed):
+    charges = _failed_for_good(console, "charge", "charge", "charge")
+    (mail,) = _failed_for_good(console, "mail")
+    page = pages(ADMIN)
+    page.goto("/failures?state=5&callback=charge")
+    expect(page.locator("#jobs tr[data-id]")).to_have_count(3)
+    page.click("#bulk-requeue")
+    expect(page.locator("#count")).to_have_text("3")
+    page.fill("#reason", "deploy 4711 fixed it")
+    page.click("#confirm")
+    expect(page.locator("#result")).to_have_text("3 job(s) changed, 0 skipped.")
+    assert [state_of(installed, j) for j in charges] == [1, 1, 1]
+    assert state_of(installed, mail) == 5
+
+
+def test_bulk_run_now_clears_the_postponement_of_the_matching_jobs(pages, console, installed):
+    later = [console.queue.publish("mail", {"n": n}, postpone_by=3_600_000) for n in range(2)]
+    other = console.queue.publish("sync", [1], postpone_by=3_600_000)
+    page = pages(ADMIN)
+    page.goto("/failures?state=1&callback=mail")
+    page.click("#bulk-run_now")
+    expect(page.locator("#count")).to_have_text("2")
+    page.fill("#reason", "the campaign starts now")
+    page.click("#confirm")
+    expect(page.locator("#result")).to_have_text("2 job(s) changed, 0 skipped.")
+    rows = [console.queue.get_job(j) for j in later]
+    assert [r["postponed_by"] for r in rows] == [None, None]
+    assert console.queue.get_job(other)["postponed_by"] == 3_600_000
+    console.queue.process()
+    assert [state_of(installed, j) for j in later] == [3, 3]
+    assert state_of(installed, other) == 1
+
+
+def test_the_read_only_role_sees_but_cannot_act(pages, console, installed):
+    (job,) = _failed_for_good(console, "charge")
+    page = pages(READER)
+    page.goto(f"/jobs/{job}")
+    expect(page.locator("header .who")).to_contain_text("(read-only)")
+    expect(page.locator("#act-requeue")).to_have_count(0)
+    page.goto("/failures")
+    expect(page.locator("#bulk")).to_have_count(0)
+    # A same-origin form POST from the reader's own page is refused all the same.
+    status = page.evaluate(
+        """async (id) => (await fetch('/actions/requeue', {method: 'POST',
+             body: new URLSearchParams({id: id, confirm: 'yes', reason: 'try'})})).status""",
+        job,
+    )
+    assert status == 403
+    assert state_of(installed, job) == 5
+
+
+def test_a_script_group_name_shows_as_text(pages, console):
+    name = "<script>window.pwned = 1</script>"
+    console.queue.publish("sync", [1], serial_group=name)
+    page = pages(ADMIN)
+    dialogs = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto("/groups")
+    expect(page.locator("#groups td a").first).to_have_text(name)
+    page.goto("/jobs")
+    expect(page.locator("#jobs")).to_contain_text(name)
+    assert page.evaluate("window.pwned") is None
+    assert dialogs == []
+
+
+def test_a_post_without_the_same_origin_header_is_refused(pages, console, installed):
+    (job,) = _failed_for_good(console, "charge")
+    page = pages(ADMIN)
+    page.goto("/")
+    form = {"id": str(job), "confirm": "yes", "reason": "cross-site"}
+    bare = page.context.request.post(f"{console.url}/actions/requeue", form=form)
+    assert bare.status == 403
+    assert re.search("same-origin", bare.text())
+    forged = page.context.request.post(
+        f"{console.url}/actions/requeue", form=form, headers={"Origin": "http://evil.example"}
+    )
+    assert forged.status == 403
+    assert state_of(installed, job) == 5

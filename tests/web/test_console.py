@@ -1,0 +1,210 @@
+"""The console without a browser: closed by default, keyset pages that miss and repeat nothing,
+the serial-groups view's heads and blockers, on both dialects."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from typer.testing import CliRunner
+
+from bgq.cli import app as cli_app
+from bgq.errors import ConfigError
+from bgq.reads import JobFilter, Reads
+from bgq.web import Credentials, app
+from bgq.web.app import blocker
+
+_NO_CREDENTIALS = {
+    "BGQ_WEB_USER": "",
+    "BGQ_WEB_PASSWORD": "",
+    "BGQ_WEB_READONLY_USER": "",
+    "BGQ_WEB_READONLY_PASSWORD": "",
+    "BGQ_WEB_TOKEN": "",
+}
+
+
+def test_bgq_web_refuses_to_start_without_credentials():
+    result = CliRunner().invoke(cli_app, ["web", "--port", "1"], env=_NO_CREDENTIALS)
+    assert result.exit_code == 1
+    assert "refuses to start without credentials" in result.output
+
+
+def test_bgq_web_refuses_no_auth_off_loopback():
+    result = CliRunner().invoke(cli_app, ["web", "--no-auth", "--host", "0.0.0.0", "--port", "1"])
+    assert result.exit_code == 1
+    assert "only on a loopback address" in result.output
+
+
+def test_half_a_credential_is_an_error():
+    with pytest.raises(ConfigError, match="BGQ_WEB_PASSWORD"):
+        Credentials.from_env({"BGQ_WEB_USER": "ada"})
+
+
+def test_the_mountable_app_is_closed_by_default(make_queue, monkeypatch):
+    for name in _NO_CREDENTIALS:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="needs credentials"):
+        app(make_queue())
+    assert app(make_queue(), no_auth=True) is not None
+    monkeypatch.setenv("BGQ_WEB_TOKEN", "t0ken")
+    assert app(make_queue()) is not None
+
+
+def _all_pages(reads, conn, f, newest_first, limit):
+    seen, after = [], None
+    while True:
+        page = reads.jobs(conn, f, after, newest_first, limit)
+        if not page:
+            return seen
+        seen.extend(r["id"] for r in page)
+        after = page[-1]["id"]
+
+
+def test_keyset_pages_cover_every_matching_job_once_in_order(make_queue, installed):
+    queue = make_queue(priorities=[1, 2])
+    ids = {g: [queue.publish("noop", [n], serial_group=g) for n in range(23)] for g in ("a", "b")}
+    loose = [queue.publish("noop", [n], identifier=f"i{n % 3}") for n in range(31)]
+    reads = Reads(queue.database, installed.table)
+    with queue.database.transaction() as conn:
+        assert _all_pages(reads, conn, JobFilter(group="a"), True, 7) == sorted(ids["a"], reverse=True)
+        assert _all_pages(reads, conn, JobFilter(group="b"), False, 5) == sorted(ids["b"])
+        assert _all_pages(reads, conn, JobFilter(identifier="i1"), True, 4) == sorted(
+            loose[1::3], reverse=True
+        )
+        assert _all_pages(reads, conn, JobFilter(), False, 10) == sorted([*ids["a"], *ids["b"], *loose])
+        assert _all_pages(reads, conn, JobFilter(states=(3,)), True, 10) == []
+
+
+def test_the_error_filter_matches_text_literally(make_queue, installed):
+    queue = make_queue()
+    hit, miss, other = (queue.publish("noop", [n]) for n in range(3))
+    for job_id, error in (
+        (hit, "Timeout: 100% of 5_0 tries"),
+        (miss, "Timeout: 1000 of 500 tries"),
+        (other, None),
+    ):
+        installed.sql("UPDATE {t} SET error_message = %s WHERE id = %s", (error, job_id))
+    reads = Reads(queue.database, installed.table)
+    with queue.database.transaction() as conn:
+        assert [r["id"] for r in reads.jobs(conn, JobFilter(error="100% of 5_0"), None, True, 10)] == [hit]
+        assert [r["id"] for r in reads.jobs(conn, JobFilter(error="TIMEOUT"), None, True, 10)] == [miss, hit]
+
+
+def test_the_groups_view_shows_heads_blockers_and_backlogs(make_queue, installed):
+    queue = make_queue(priorities=[1, 2])
+    east = [queue.publish("noop", [n], serial_group="east", priority=2) for n in range(3)]
+    east_urgent = queue.publish("noop", [9], serial_group="east", priority=1)
+    west = [queue.publish("noop", [n], serial_group="west") for n in range(2)]
+    queue.publish("noop", [0])  # no group: not in the view
+    with queue.database.transaction() as conn:
+        queue.procs.claim(conn, west[0], "general", 1, 1000, None)  # west has a running job
+    reads = Reads(queue.database, installed.table)
+    with queue.database.transaction() as conn:
+        views = reads.groups(conn, None, None, 10)
+        after_east = reads.groups(conn, "east", None, 10)
+        only_west = reads.groups(conn, None, "west", 10)
+    assert [(v.name, v.pending, v.oldest_id) for v in views] == [("east", 4, east[0]), ("west", 1, west[1])]
+    assert views[0].head["id"] == east_urgent  # (priority, id) order
+    assert views[0].running is None
+    assert views[1].running["id"] == west[0]
+    assert views[1].head["id"] == west[1]
+    assert [v.name for v in after_east] == ["west"] and [v.name for v in only_west] == ["west"]
+    now = dt.datetime.now(dt.UTC)
+    assert blocker(views[0], now) == "nothing: the head is due"
+    assert blocker(views[1], now).startswith(f"running job #{west[0]} for ")
+
+
+def test_a_failed_head_in_backoff_is_named_as_the_blocker(make_queue, installed):
+    queue = make_queue()
+    head, _ = (queue.publish("noop", [n], serial_group="g") for n in range(2))
+    with queue.database.transaction() as conn:
+        attempt = queue.procs.claim(conn, head, "general", 1, 1000, None).attempt
+    with queue.database.transaction() as conn:
+        queue.procs.finish(conn, head, attempt, 4, "boom", 600_000, 1, None)
+    with queue.database.transaction() as conn:
+        (view,) = Reads(queue.database, installed.table).groups(conn, None, None, 10)
+    assert view.head["id"] == head
+    assert blocker(view, dt.datetime.now(dt.UTC)).startswith(f"failed head #{head} in backoff until ")
+
+
+def test_the_live_refresh_fingerprint_changes_with_inserts_and_state_changes_only(make_queue, installed):
+    queue = make_queue()
+    reads = Reads(queue.database, installed.table)
+
+    def signature():
+        with queue.database.transaction() as conn:
+            return reads.signature(conn)
+
+    empty = signature()
+    assert signature() == empty
+    job = queue.publish("noop", [1])
+    published = signature()
+    assert published != empty
+    assert signature() == published
+    queue.process()  # READY -> FINISHED: no new row, a new state
+    assert installed.sql("SELECT state FROM {t} WHERE id = %s", (job,)) == [{"state": 3}]
+    assert signature() != published
+
+
+def test_a_token_acts_as_admin_and_a_referer_from_the_console_passes_the_origin_check(make_queue, installed):
+    from starlette.testclient import TestClient
+
+    queue = make_queue()
+    job = queue.publish("noop", [1], postpone_by=3_600_000)
+    client = TestClient(app(queue, credentials=Credentials(token="s3cret-token")))
+    assert client.get("/jobs").status_code == 401
+    assert client.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    bearer = {"Authorization": "Bearer s3cret-token"}
+    assert client.get(f"/jobs/{job}", headers=bearer).status_code == 200
+    form = {"id": str(job), "confirm": "yes", "reason": "now"}
+    elsewhere = client.post(
+        "/actions/run_now", data=form, headers={**bearer, "Referer": "http://evil.example/"}
+    )
+    assert elsewhere.status_code == 403
+    assert installed.sql("SELECT postponed_by FROM {t} WHERE id = %s", (job,)) == [
+        {"postponed_by": 3_600_000}
+    ]
+    ours = client.post(
+        "/actions/run_now", data=form, headers={**bearer, "Referer": f"http://testserver/confirm?id={job}"}
+    )
+    assert ours.status_code == 200 and "1 job(s) changed" in ours.text
+    assert installed.sql("SELECT postponed_by FROM {t} WHERE id = %s", (job,)) == [{"postponed_by": None}]
+
+
+def test_mounted_in_another_app_every_link_stays_under_the_mount(make_queue, installed):
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+    from starlette.testclient import TestClient
+
+    queue = make_queue()
+    job = queue.publish("noop", [1], serial_group="g")
+    client = TestClient(Starlette(routes=[Mount("/ops/bgq", app=app(queue, no_auth=True))]))
+    page = client.get("/ops/bgq/jobs")
+    assert page.status_code == 200
+    assert f'href="/ops/bgq/jobs/{job}"' in page.text
+    assert 'src="http://testserver/ops/bgq/static/htmx.min.js"' in page.text
+    assert 'EventSource("/ops/bgq/events")' in page.text
+    assert client.get("/ops/bgq/static/htmx.min.js").status_code == 200
+    groups = client.get("/ops/bgq/groups").text
+    assert 'href="/ops/bgq/jobs?group=g"' in groups
+    confirm = client.get(f"/ops/bgq/confirm?action=requeue&id={job}").text
+    assert 'action="/ops/bgq/actions/requeue"' in confirm
+
+
+def test_a_job_page_shows_json_indented_and_pickled_parameters_unopened(make_queue, installed):
+    from starlette.testclient import TestClient
+
+    queue = make_queue(allow_pickle=True)
+    plain = queue.publish("noop", {"to": "a@example.com", "n": [1, 2]})
+    pickled = queue.publish("noop", [{"a set, not JSON"}])
+    assert installed.sql("SELECT parameters_json FROM {t} WHERE id = %s", (pickled,)) == [
+        {"parameters_json": None}
+    ]
+    client = TestClient(app(queue, no_auth=True))
+    assert (
+        "{\n  &#34;to&#34;: &#34;a@example.com&#34;,\n  &#34;n&#34;: [\n    1,"
+        in client.get(f"/jobs/{plain}").text
+    )
+    page = client.get(f"/jobs/{pickled}").text
+    assert "(pickled, " in page and "not unpickled" in page
+    assert "a set, not JSON" not in page
