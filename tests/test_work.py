@@ -594,14 +594,14 @@ def test_a_claim_slower_than_the_hold_still_runs_its_jobs(make_queue, installed,
     ran: list[int] = []
     queue = make_queue(callbacks={"rec": ran.append}, stalled_job_timeout=2)  # hold: 1 s
     ids = [queue.publish("rec", [n]) for n in range(3)]
-    real = queue.procs.finish_and_claim
+    real = queue.procs.claim_batch
 
     def slow_claim(*args, **kwargs):
         result = real(*args, **kwargs)
         time.sleep(1.3)  # inside the claim's transaction, before its commit
         return result
 
-    monkeypatch.setattr(queue.procs, "finish_and_claim", slow_claim)
+    monkeypatch.setattr(queue.procs, "claim_batch", slow_claim)
     workers(queue)
     wait_until(lambda: len(ran) == len(ids), 30, "every job to run")
     assert sorted(ran) == [0, 1, 2]
@@ -617,7 +617,7 @@ def test_a_job_reaped_before_it_started_is_not_run_by_the_late_worker(make_queue
     queue = make_queue(callbacks={"rec": ran.append}, stalled_job_timeout=2)
     job = queue.publish("rec", [1])
     with installed.db.transaction() as conn:
-        (claimed,) = queue.procs.claim_batch(conn, "general", 1, 1, None, None, None, 1000)
+        (claimed,) = queue.procs.claim_batch(conn, "general", 1, 1, None, None, 1000)
     frozen_for = 5.0  # claimed "5 s ago", as a stopped process sees it on resume
     with installed.db.transaction() as conn:  # meanwhile: reaped, then claimed by another worker
         later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)

@@ -12,7 +12,19 @@ import pytest
 from bgq.db import mysql as mysql_dialect
 from bgq.db import postgres as postgres_dialect
 from bgq.model import ClaimResult, FinishResult, GroupHead, JobRef, JobState, Mode, Reaped
-from bgq.procs import ALL_PROCS, CLAIM, DUE_JOBS, FINISH, GROUP_HEADS, PROMOTE_WAITING, REAP, REQUEUE
+from bgq.procs import (
+    ALL_PROCS,
+    CLAIM,
+    CLAIM_BATCH,
+    DUE_JOBS,
+    FINISH,
+    FINISH_BATCH,
+    GROUP_HEADS,
+    HAND_OFF,
+    PROMOTE_WAITING,
+    REAP,
+    REQUEUE,
+)
 
 from .helpers import T0, new_job
 
@@ -250,8 +262,24 @@ def test_job_ref_matches_the_due_jobs_columns():
 # --- what each dialect actually returns ---
 
 _RESULT_CALLS = {
-    "claim": (CLAIM, lambda job: (987654, "general", 1, 1000, None, T0)),
+    "claim": (CLAIM, lambda job: (987654, "general", 1, 1000, None, None, T0)),
     "finish": (FINISH, lambda job: (987654, 1, 3, None, None, None, None, None, T0)),
+    "claim_batch": (CLAIM_BATCH, lambda job: ("general", 10, 1, None, None, 1, 1000, 5, T0)),
+    "finish_batch": (FINISH_BATCH, lambda job: ('[{"id": 987654, "attempt": 1, "state": 3}]', T0)),
+    "hand_off": (
+        HAND_OFF,
+        lambda job: (
+            '[{"id": 987654, "attempt": 1, "state": 3}]',
+            "g",
+            "general",
+            1,
+            None,
+            None,
+            1000,
+            5,
+            T0,
+        ),
+    ),
     "group_heads": (GROUP_HEADS, lambda job: ()),
     "promote_waiting": (PROMOTE_WAITING, lambda job: (T0,)),
     "due_jobs": (DUE_JOBS, lambda job: ("general", 0, 10, T0)),
