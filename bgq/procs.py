@@ -457,7 +457,7 @@ class Listener:
     """A dedicated autocommit PostgreSQL connection that LISTENs on the table's channel.
 
     The jobs table's statement-level insert trigger (schema.sql) and released jobs
-    ({table}_finish_batch) NOTIFY that channel; `wait()` returns as soon as one arrives.
+    ({table}_finish_results) NOTIFY that channel; `wait()` returns as soon as one arrives.
     """
 
     def __init__(self, db: Database, table: str) -> None:
