@@ -32,9 +32,9 @@
 --   (priority, id) order until p_limit are claimed. An ungrouped job that is not UNIQUE is
 --   claimed by an UPDATE of the same columns {{ table }}_claim_job writes (PROCESSING,
 --   attempts + 1, last_attempt_at, pid, worker_id; postponed_by, error_message and metadata
---   cleared). A
---   group head or a UNIQUE job goes through {{ table }}_claim_job, which re-checks it under the
---   group lock (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs are returned.
+--   cleared). A group head or a UNIQUE job goes through {{ table }}_claim_job, which re-checks
+--   it under the group lock (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs
+--   are returned.
 -- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
 --   UPDATE SKIP LOCKED too: a head whose group row another transaction holds (a claim or a
 --   finish in progress) is left out and the next candidate is tried, so batch claims neither
