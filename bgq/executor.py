@@ -27,8 +27,8 @@ CLAIM_TRIES = 5  # a deadlock or lock-wait timeout in the claim is retried this 
 
 class Executor:
     """One queue's executor. Every worker mode runs a job through it: `process_job` claims one job
-    by id (broker mode, cron's broker pass); `bgq work` claims in batches itself and calls
-    `run`, `finish` (or writes the result with the group's hand-off) and `after_finish`.
+    by id and writes its result with `finish` (broker mode, cron's broker pass); `bgq work` claims
+    and writes in batches itself (bgq/work.py) and calls `run`, `clone_delay` and `after_finish`.
     `should_die` turns True after a DieException: every worker loop stops claiming then."""
 
     def __init__(self, config: Config, store: Store, sender: Sender) -> None:
@@ -148,33 +148,29 @@ class Executor:
             return Outcome(JobState.PERMANENTLY_FAILED, runner.describe(exc), exception=exc)
         return runner.run(spec.func, parameters, claim.attempt or 0, cfg)
 
-    def finish(
-        self,
-        job_id: int,
-        claim: ClaimResult,
-        outcome: Outcome,
-        then: Callable[[Connection], T] | None = None,
-    ) -> T | None:
+    def finish(self, job_id: int, claim: ClaimResult, outcome: Outcome) -> None:
         """Write the job's result with `{table}_finish` (retrying hard: the callback has run), then
-        log and publish what follows from it. `then` runs in the same transaction after the
-        finish (bgq work claims a clone's group's next head there); its value is returned."""
+        log and publish what follows from it."""
         memory = json.dumps(outcome.memory) if outcome.memory is not None else None
         clone_delay = self.clone_delay(claim, outcome)
-
-        def write(conn: Connection) -> tuple[FinishResult, T | None]:
-            result = self.store.procs.finish(
-                conn, job_id, claim.attempt or 0, int(outcome.state), outcome.error,
-                outcome.postponed_by, outcome.execution_time, memory, clone_delay_ms=clone_delay,
-            )  # fmt: skip
-            return result, (then(conn) if then is not None else None)
-
-        written = self.persist(write, f"bgq: Writing the result failed; retrying. (ID: {job_id})")
+        result = self.persist(
+            lambda conn: self.store.procs.finish(
+                conn,
+                job_id,
+                claim.attempt or 0,
+                int(outcome.state),
+                outcome.error,
+                outcome.postponed_by,
+                outcome.execution_time,
+                memory,
+                clone_delay_ms=clone_delay,
+            ),  # fmt: skip
+            f"bgq: Writing the result failed; retrying. (ID: {job_id})",
+        )
         if outcome.die:
             self.should_die = True
-        if written is None:
-            return None
-        self.after_finish(job_id, claim, outcome, written[0], clone_delay)
-        return written[1]
+        if result is not None:
+            self.after_finish(job_id, claim, outcome, result, clone_delay)
 
     def persist(self, call: Callable[[Connection], T], failure: str) -> T | None:
         """Run `call` in a transaction, trying hard (the callback has run): after a failure wait
@@ -199,7 +195,8 @@ class Executor:
 
     def clone_delay(self, claim: ClaimResult, outcome: Outcome) -> int | None:
         """A RECURRING job that finished (a Skip too) and a WaitingException both leave a fresh copy,
-        due after waiting_job_expiration; the finish procedure inserts it in the same transaction."""
+        due after waiting_job_expiration; the result's writer ({table}_finish_results) inserts it
+        in the same transaction."""
         recurring_done = claim.mode == Mode.RECURRING and outcome.state is JobState.FINISHED
         return self.config.waiting_job_expiration if (outcome.clone or recurring_done) else None
 

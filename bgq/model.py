@@ -80,7 +80,7 @@ class ClaimResult:
 
 @dataclass(frozen=True)
 class Claimed:
-    """A job that {table}_claim_batch claimed for the caller: its id and its claim."""
+    """A job that {table}_claim_batch or {table}_hand_off claimed for the caller: its id and its claim."""
 
     id: int
     claim: ClaimResult
@@ -102,7 +102,9 @@ class Outcome:
 
 @dataclass(frozen=True)
 class JobResult:
-    """One job's result for {table}_finish_batch (state 1 READY gives back an unstarted job)."""
+    """One job's result for {table}_finish_results, through finish_batch or hand_off (state 1
+    READY gives back an unstarted job; clone_delay_ms: a RECURRING job's successor or a
+    WaitingException's copy, due after that many ms)."""
 
     id: int
     attempt: int
@@ -111,6 +113,7 @@ class JobResult:
     postponed_by: int | None = None
     execution_time: int | None = None
     memory: dict[str, Any] | None = None
+    clone_delay_ms: int | None = None
 
 
 @dataclass(frozen=True)

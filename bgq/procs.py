@@ -28,6 +28,7 @@ CLAIM = Proc(
         ("p_pid", "integer"),
         ("p_waiting_ms", "integer"),
         ("p_metadata", "text"),
+        ("p_worker_id", "bigint"),
         ("p_now", "timestamptz"),
     ),
 )
@@ -53,14 +54,27 @@ CLAIM_BATCH = Proc(
         ("p_pid", "integer"),
         ("p_min_priority", "integer"),
         ("p_max_priority", "integer"),
-        ("p_group", "varchar"),
         ("p_max_heads", "integer"),
         ("p_waiting_ms", "integer"),
-        ("p_results", "text"),
+        ("p_worker_id", "bigint"),
         ("p_now", "timestamptz"),
     ),
 )
 FINISH_BATCH = Proc("finish_batch", (("p_results", "text"), ("p_now", "timestamptz")))
+HAND_OFF = Proc(
+    "hand_off",
+    (
+        ("p_results", "text"),
+        ("p_group", "varchar"),
+        ("p_queue", "varchar"),
+        ("p_pid", "integer"),
+        ("p_min_priority", "integer"),
+        ("p_max_priority", "integer"),
+        ("p_waiting_ms", "integer"),
+        ("p_worker_id", "bigint"),
+        ("p_now", "timestamptz"),
+    ),
+)
 PREDECESSOR = Proc("predecessor", (("p_id", "bigint"),), function=True)
 GROUP_HEADS = Proc("group_heads", ())
 PROMOTE_WAITING = Proc("promote_waiting", (("p_now", "timestamptz"),))
@@ -107,6 +121,7 @@ ALL_PROCS: tuple[Proc, ...] = (
     FINISH,
     CLAIM_BATCH,
     FINISH_BATCH,
+    HAND_OFF,
     GROUP_HEADS,
     PROMOTE_WAITING,
     DUE_JOBS,
@@ -160,9 +175,9 @@ class Procs:
 
     def claim(
         self, conn: Connection, job_id: int, queue: str, pid: int, waiting_ms: int,
-        metadata_json: str | None, now: dt.datetime | None = None,
+        metadata_json: str | None, now: dt.datetime | None = None, *, worker_id: int | None = None,
     ) -> ClaimResult:  # fmt: skip
-        (row,) = self._call(conn, CLAIM, job_id, queue, pid, waiting_ms, metadata_json, now)
+        (row,) = self._call(conn, CLAIM, job_id, queue, pid, waiting_ms, metadata_json, worker_id, now)
         return ClaimResult(**row)
 
     def finish(
@@ -184,62 +199,39 @@ class Procs:
 
     def claim_batch(
         self, conn: Connection, queue: str, limit: int, pid: int, min_priority: int | None,
-        max_priority: int | None, group: str | None, waiting_ms: int, now: dt.datetime | None = None,
-        *, max_heads: int | None = None,
+        max_priority: int | None, waiting_ms: int, now: dt.datetime | None = None,
+        *, max_heads: int | None = None, worker_id: int | None = None,
     ) -> list[Claimed]:  # fmt: skip
         """Claim up to `limit` due jobs (ungrouped, or heads of idle groups, at most `max_heads`
-        of them; only `group`'s head when given), in (priority, id) order."""
-        return self.finish_and_claim(
-            conn, [], queue, limit, pid, min_priority, max_priority, group, waiting_ms, now,
-            max_heads=max_heads,
-        )[1]  # fmt: skip
-
-    def finish_and_claim(
-        self, conn: Connection, results: Sequence[JobResult], queue: str, limit: int, pid: int,
-        min_priority: int | None, max_priority: int | None, group: str | None, waiting_ms: int,
-        now: dt.datetime | None = None, *, max_heads: int | None = None,
-    ) -> tuple[dict[int, bool], list[Claimed]]:  # fmt: skip
-        """Write `results` (as finish_batch), then claim as claim_batch, in one call:
-        ({job id: written}, claimed jobs)."""
-        payload = json.dumps([dataclasses.asdict(r) for r in results]) if results else None
+        of them), in (priority, id) order."""
         rows = self._call(
-            conn, CLAIM_BATCH, queue, limit, pid, min_priority, max_priority, group, max_heads, waiting_ms,
-            payload, now,
+            conn, CLAIM_BATCH, queue, limit, pid, min_priority, max_priority, max_heads, waiting_ms,
+            worker_id, now,
+        )  # fmt: skip
+        return [_claimed(r) for r in rows]
+
+    def hand_off(
+        self, conn: Connection, results: Sequence[JobResult], group: str, queue: str, pid: int,
+        min_priority: int | None, max_priority: int | None, waiting_ms: int,
+        now: dt.datetime | None = None, *, worker_id: int | None = None,
+    ) -> tuple[dict[int, bool], list[Claimed]]:  # fmt: skip
+        """Write `results` (as finish_batch), then claim `group`'s next head, in one call:
+        ({job id: written}, [the head] or [])."""
+        rows = self._call(
+            conn, HAND_OFF, _results_json(results), group, queue, pid, min_priority, max_priority,
+            waiting_ms, worker_id, now,
         )  # fmt: skip
         written = {int(r["id"]): bool(r["finished"]) for r in rows if r["finished"] is not None}
-        claimed = [
-            Claimed(
-                r["id"],
-                ClaimResult(
-                    outcome="claimed",
-                    attempt=r["attempt"],
-                    state=2,
-                    predecessor_id=None,
-                    promoted_id=None,
-                    callback_name=r["callback_name"],
-                    parameters_json=r["parameters_json"],
-                    parameters=r["parameters"],
-                    queue=r["queue"],
-                    priority=r["priority"],
-                    serial_group=r["serial_group"],
-                    identifier=r["identifier"],
-                    mode=r["mode"],
-                    coalesce_threshold=r["coalesce_threshold"],
-                ),  # fmt: skip
-            )
-            for r in rows
-            if r["finished"] is None
-        ]
-        return written, claimed
+        return written, [_claimed(r) for r in rows if r["finished"] is None]
 
     def finish_batch(
         self, conn: Connection, results: Sequence[JobResult], now: dt.datetime | None = None
     ) -> dict[int, bool]:
-        """Write many results at once (no clones); {job id: written} (False: taken over)."""
+        """Write many results at once (clones included); {job id: written} (False: taken over)."""
         if not results:
             return {}
-        payload = json.dumps([dataclasses.asdict(r) for r in results])
-        return {int(r["id"]): bool(r["finished"]) for r in self._call(conn, FINISH_BATCH, payload, now)}
+        rows = self._call(conn, FINISH_BATCH, _results_json(results), now)
+        return {int(r["id"]): bool(r["finished"]) for r in rows}
 
     def listener(self) -> Listener | None:
         """A LISTEN connection woken by new jobs (PostgreSQL's insert trigger); None on MySQL."""
@@ -454,6 +446,34 @@ class Procs:
         return int(row["deleted"])
 
 
+def _results_json(results: Sequence[JobResult]) -> str | None:
+    """Results as {table}_finish_results reads them (None: no results)."""
+    return json.dumps([dataclasses.asdict(r) for r in results]) if results else None
+
+
+def _claimed(row: dict[str, Any]) -> Claimed:
+    """A claimed job's row of claim_batch or hand_off."""
+    return Claimed(
+        row["id"],
+        ClaimResult(
+            outcome="claimed",
+            attempt=row["attempt"],
+            state=2,
+            predecessor_id=None,
+            promoted_id=None,
+            callback_name=row["callback_name"],
+            parameters_json=row["parameters_json"],
+            parameters=row["parameters"],
+            queue=row["queue"],
+            priority=row["priority"],
+            serial_group=row["serial_group"],
+            identifier=row["identifier"],
+            mode=row["mode"],
+            coalesce_threshold=row["coalesce_threshold"],
+        ),
+    )
+
+
 def _insert_values(job: NewJob) -> tuple[Any, ...]:
     """A new job's values in the order of _INSERT_COLUMNS (state READY, no attempts yet)."""
     return (
@@ -472,7 +492,7 @@ class Listener:
     """A dedicated autocommit PostgreSQL connection that LISTENs on the table's channel.
 
     The jobs table's statement-level insert trigger (schema.sql) and released jobs
-    ({table}_finish_batch) NOTIFY that channel; `wait()` returns as soon as one arrives.
+    ({table}_finish_results) NOTIFY that channel; `wait()` returns as soon as one arrives.
     """
 
     def __init__(self, db: Database, table: str) -> None:

@@ -8,13 +8,16 @@ writer, for bookkeeping:
   time, so several workers work on several groups). `size` adapts to how long jobs take,
   so that one claim holds about BATCH_BUDGET seconds of work (1 for slow jobs, up to
   `batch_max` for fast ones).
-- Results of ungrouped jobs go to the writer, which writes whatever has accumulated with one
-  `{table}_finish_batch` while the main thread runs the next job (group commit): a result waits
-  for one commit, never for a batch to fill or for a slow job to end.
-- A grouped job's result is written at once by `{table}_finish` on the main thread, and in the
-  same transaction `{table}_claim_batch` with the group's name claims the group's next head for
-  this worker, which runs it next: a group's successor waits for nothing.
-- Jobs with a clone (RECURRING, WaitingException) are written by `{table}_finish` too.
+- Every result reaches the table through `_write`, one call of one procedure that hands it to
+  `{table}_finish_results` (the one writer: fencing, the RECURRING / WaitingException copy,
+  the group's wake-up):
+  - an ungrouped job's result goes to the writer thread, which writes whatever has accumulated
+    with one `{table}_finish_batch` while the main thread runs the next job (group commit): a
+    result waits for one commit, never for a batch to fill or for a slow job to end;
+  - a grouped job's result is written at once on the main thread by `{table}_hand_off`, which in
+    the same transaction claims the group's next head for this worker, which runs it next: a
+    group's successor waits for nothing. After CHAIN_MAX hand-offs (or CHAIN_SECONDS) in one
+    group the result is written by `{table}_finish_batch` instead and a full claim follows.
 - A claimed job that has not started within HOLD_SECONDS (and half of stalled_job_timeout) is
   given back (state READY, attempts restored) by the writer, so a slow job never holds others
   hostage and the reaper never finds a claimed-but-unstarted job.
@@ -34,6 +37,8 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from sqlalchemy.engine import Connection
 
 from .errors import BgqError, ConfigError
 from .model import Claimed, FinishResult, JobResult, JobState, Outcome
@@ -63,10 +68,11 @@ class _Held:
 
 @dataclass
 class _Done:
-    """An ungrouped job's result waiting for the writer."""
+    """A job's result to write."""
 
     job: Claimed
     outcome: Outcome | None  # None: given back unstarted
+    clone_delay_ms: int | None = None  # RECURRING, WaitingException: the copy's delay
 
 
 def work(
@@ -173,7 +179,7 @@ class _Worker:
                 if self._spent():
                     break
                 try:
-                    if self._claim(None, self._size()):
+                    if self._claim(self._size()):
                         idle, empty = POLL_MIN, 0
                         continue
                 except BgqError as exc:  # the database is down: log it, wait, try again
@@ -252,21 +258,19 @@ class _Worker:
                 self.wake.notify()
             return self.held.popleft() if self.held else None
 
-    def _claim(self, group: str | None, size: int) -> int:
-        """Claim up to `size` jobs (only `group`'s head when given) and queue them; how many."""
+    def _claim(self, size: int) -> int:
+        """Claim up to `size` jobs and queue them; how many. One group head at most per claim: a
+        worker takes one group at a time (and keeps it by the hand-off), leaving the other
+        groups' heads to the other workers."""
         started = time.monotonic()
-        jobs = self.executor.retrying(lambda conn: self._claim_in(conn, group, size))
+        procs, waiting_ms = self.store.procs, self.queue.config.waiting_job_expiration
+        jobs = self.executor.retrying(
+            lambda conn: procs.claim_batch(
+                conn, self.base, size, self.pid, self.low, self.high, waiting_ms, max_heads=1
+            )
+        )
         self._hold(jobs, started)
         return len(jobs)
-
-    def _claim_in(self, conn, group: str | None, size: int) -> list[Claimed]:  # type: ignore[no-untyped-def]
-        """One group head at most per claim: a worker takes one group at a time (and keeps it by
-        the hand-off), leaving the other groups' heads to the other workers."""
-        cfg = self.queue.config
-        return self.store.procs.claim_batch(
-            conn, self.base, size, self.pid, self.low, self.high, group, cfg.waiting_job_expiration,
-            max_heads=1,
-        )  # fmt: skip
 
     def _hold(self, jobs: list[Claimed], claimed_at: float) -> None:
         """Queue claimed jobs behind those claimed before them (a group's successor too: the
@@ -289,62 +293,63 @@ class _Worker:
         finally:
             executor.heartbeat.stop()
         self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - started)
+        done = _Done(job, outcome, executor.clone_delay(job.claim, outcome))
         group = job.claim.serial_group
-        if executor.clone_delay(job.claim, outcome) is not None:  # RECURRING, WaitingException
-            claimed_at = time.monotonic()
-            successor = executor.finish(
-                job.id,
-                job.claim,
-                outcome,
-                then=(lambda conn: self._claim_in(conn, group, 1)) if group is not None else None,
-            )
-            self._hold(successor or [], claimed_at)
-        elif group is not None and self._spent():
-            with self.lock:  # nothing more to claim: the writer writes it
-                self.done.append(_Done(job, outcome))
-                self.wake.notify()
-        elif group is not None:
-            self._hand_off(job, outcome, group)
-        else:
+        if group is None or self._spent():  # the writer writes it (nothing more to claim: too)
             with self.lock:
-                self.done.append(_Done(job, outcome))
+                self.done.append(done)
                 self.wake.notify()
+        elif self._rotate(group):  # written now, so that the full claim next may take the group too
+            self._write([done])
+        else:  # the hand-off: the group's next head runs next
+            claimed_at = time.monotonic()
+            self._hold(self._write([done], group), claimed_at)
         if outcome.die:
             executor.should_die = True
 
-    def _hand_off(self, job: Claimed, outcome: Outcome, group: str) -> None:
-        """Write a grouped job's result and claim its group's next head for this worker, in one
-        call and one transaction; the head runs next. After CHAIN_MAX hand-offs (or CHAIN_SECONDS)
-        in one group, the same call makes a full claim instead, so ungrouped jobs and other groups'
-        heads of a better priority are not held up by one long group."""
-        executor, procs, cfg = self.executor, self.store.procs, self.queue.config
-        claimed_at = time.monotonic()
+    def _rotate(self, group: str) -> bool:
+        """Whether this grouped result ends the worker's chain of hand-offs in the group: after
+        CHAIN_MAX hand-offs (or CHAIN_SECONDS) in one group, a full claim follows instead, so
+        ungrouped jobs and other groups' heads of a better priority are not held up by one long
+        group."""
+        now = time.monotonic()
         chained, count, since = self.chain
         if chained != group:
-            count, since = 0, claimed_at
-        rotate = count >= CHAIN_MAX or claimed_at - since >= CHAIN_SECONDS
-        self.chain = (group, 0, claimed_at) if rotate else (group, count + 1, since)
-        claim_group, size = (None, self._size()) if rotate else (group, 1)
-        done = executor.persist(
-            lambda conn: procs.finish_and_claim(
-                conn,
-                [_result(_Done(job, outcome))],
-                self.base,
-                size,
-                self.pid,
-                self.low,
-                self.high,
-                claim_group,
-                cfg.waiting_job_expiration,
-                max_heads=1,
-            ),  # fmt: skip
-            f"bgq: Writing the result failed; retrying. (ID: {job.id})",
+            count, since = 0, now
+        rotate = count >= CHAIN_MAX or now - since >= CHAIN_SECONDS
+        self.chain = (group, 0, now) if rotate else (group, count + 1, since)
+        return rotate
+
+    def _write(self, batch: list[_Done], group: str | None = None) -> list[Claimed]:
+        """The one way `bgq work` writes results: `{table}_finish_batch`, or with `group`
+        `{table}_hand_off`, which writes them the same way and then claims the group's next head
+        for this worker in the same transaction. Logs what each written result calls for;
+        returns the claimed head ([] without `group`, or when nothing was claimable)."""
+        executor, procs, cfg = self.executor, self.store.procs, self.queue.config
+        results = [_result(d) for d in batch]
+
+        def write(conn: Connection) -> tuple[dict[int, bool], list[Claimed]]:
+            if group is None:
+                return procs.finish_batch(conn, results), []
+            return procs.hand_off(
+                conn, results, group, self.base, self.pid, self.low, self.high, cfg.waiting_job_expiration
+            )
+
+        failure = (
+            f"bgq: Writing the result failed; retrying. (ID: {batch[0].job.id})"
+            if len(batch) == 1
+            else f"bgq: Writing {len(batch)} results failed; retrying."
         )
+        done = executor.persist(write, failure)
         if done is None:
-            return
+            return []  # the jobs stay PROCESSING; the reaper gives them back after stalled_job_timeout
         written, successor = done
-        executor.after_finish(job.id, job.claim, outcome, _written(written, job.id), None)
-        self._hold(successor, claimed_at)
+        for d in batch:
+            if d.outcome is not None:
+                executor.after_finish(
+                    d.job.id, d.job.claim, d.outcome, _written(written, d.job.id), d.clone_delay_ms
+                )
+        return successor
 
     # --- writer thread ---
 
@@ -378,21 +383,6 @@ class _Worker:
                 keep.append(held)
         self.held = keep
 
-    def _write(self, batch: list[_Done]) -> None:
-        executor, procs = self.executor, self.store.procs
-        results = [_result(d) for d in batch]
-        written = executor.persist(
-            lambda conn: procs.finish_batch(conn, results),
-            f"bgq: Writing {len(results)} results failed; retrying.",
-        )
-        if written is None:
-            return  # the jobs stay PROCESSING; the reaper gives them back after stalled_job_timeout
-        for done in batch:
-            if done.outcome is not None:
-                executor.after_finish(
-                    done.job.id, done.job.claim, done.outcome, _written(written, done.job.id), None
-                )
-
 
 def _written(written: dict[int, bool], job_id: int) -> FinishResult:
     """finish_batch's answer for one job, as the single finish would have given it."""
@@ -411,4 +401,5 @@ def _result(done: _Done) -> JobResult:
         outcome.postponed_by,
         outcome.execution_time,
         outcome.memory,
+        done.clone_delay_ms,
     )

@@ -79,7 +79,7 @@ def _ends(runner) -> int:
 
 def test_a_session_frozen_in_the_hand_off_stalls_others_within_the_bound(make_queue, installed, cli, dialect):  # noqa: F811
     """A session of bgq's own Database claims the head of group 'gf' (committed, as a worker's
-    claim), then runs the hand-off (finish_and_claim with p_group: the result, and the group's
+    claim), then runs the hand-off ({table}_hand_off: the result, and the group's
     next head) and stays idle inside that transaction for 12 s, exactly as a worker frozen there.
     Three `bgq work` processes working six other groups keep finishing jobs: no stretch of more
     than BOUND seconds without a finished job. The server cuts the frozen session (its next
@@ -91,7 +91,7 @@ def test_a_session_frozen_in_the_hand_off_stalls_others_within_the_bound(make_qu
     procs = Procs(holder, installed.table)
     try:
         with holder.transaction() as conn:
-            (head,) = procs.claim_batch(conn, "general", 1, PID, None, None, "gf", 1000)
+            _, (head,) = procs.hand_off(conn, [], "gf", "general", PID, None, None, 1000)
         assert head.id == frozen["gf-0"]["id"]
 
         runner = cli()
@@ -102,9 +102,9 @@ def test_a_session_frozen_in_the_hand_off_stalls_others_within_the_bound(make_qu
 
         conn = holder.engine.connect()
         conn.begin()
-        written, successor = procs.finish_and_claim(
+        written, successor = procs.hand_off(
             conn, [JobResult(head.id, head.claim.attempt or 0, int(JobState.FINISHED))],
-            "general", 1, PID, None, None, "gf", 1000,
+            "gf", "general", PID, None, None, 1000,
         )  # fmt: skip
         assert written == {head.id: True} and [j.id for j in successor] == [frozen["gf-1"]["id"]]
         held_at = time.time()
@@ -138,7 +138,7 @@ def test_a_session_frozen_in_the_hand_off_stalls_others_within_the_bound(make_qu
         assert [r.id for r in reaped] == [head.id]
         installed.sql("UPDATE {t} SET postponed_by = 0 WHERE id = %s", (head.id,))
         with holder.transaction() as again:
-            (taken,) = procs.claim_batch(again, "general", 1, PID + 1, None, None, "gf", 1000)
+            _, (taken,) = procs.hand_off(again, [], "gf", "general", PID + 1, None, None, 1000)
         assert taken.id == head.id and taken.claim.attempt == (head.claim.attempt or 0) + 1
         with holder.transaction() as again:
             late = procs.finish_batch(again, [JobResult(head.id, head.claim.attempt or 0, 3)])

@@ -171,8 +171,9 @@ def test_every_job_runs_once_and_ends_finished(make_queue, installed, workers):
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["ungrouped", "grouped"])
-def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grouped):
-    """The written results of the batch path (ungrouped) and of the hand-off path (grouped)."""
+def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grouped, monkeypatch):
+    """The written results of the batch path (ungrouped) and of the hand-off path (grouped), each
+    result written once, by finish_batch or hand_off (RECURRING and WaitingException included)."""
     calls: Counter[str] = Counter()
 
     def raising(name: str, exc: Exception | None):
@@ -217,12 +218,28 @@ def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grou
             all(others) and [r["state"] for r in recurring] == [JobState.READY] and ids["recur"] not in rows
         )
 
+    # Which procedure wrote each result: one write path, `finish` never (clones included).
+    writes: list[tuple[str, int]] = []
+
+    def recording(name: str, real: Any) -> Any:
+        def call(conn: Any, results: Any, *args: Any, **kwargs: Any) -> Any:
+            writes.extend((name, r.id) for r in results if r.state != JobState.READY)
+            return real(conn, results, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(queue.procs, "finish_batch", recording("finish_batch", queue.procs.finish_batch))
+    monkeypatch.setattr(queue.procs, "hand_off", recording("hand_off", queue.procs.hand_off))
+    monkeypatch.setattr(queue.procs, "finish", recording("finish", queue.procs.finish))
+
     with caplog.at_level(logging.CRITICAL, logger="bgq"):
         worker = workers(queue)
         wait_until(done, 15, "every job to end")
         time.sleep(0.3)  # a clone run by mistake would show in `calls`
         assert worker.finish() == 0
 
+    written = {ids[n] for n in ("temp", "runtime", "perm", "skip", "wait", "recur", "ok", "uniq1", "gone")}
+    assert sorted(writes) == sorted(("hand_off" if grouped else "finish_batch", i) for i in written)
     rows = _rows(installed)
     assert calls == Counter(
         {"temp": 1, "runtime": 1, "perm": 1, "skip": 1, "wait": 1, "recur": 1, "uniq": 1, "ok": 1}
@@ -588,14 +605,14 @@ def test_a_claim_slower_than_the_hold_still_runs_its_jobs(make_queue, installed,
     ran: list[int] = []
     queue = make_queue(callbacks={"rec": ran.append}, stalled_job_timeout=2)  # hold: 1 s
     ids = [queue.publish("rec", [n]) for n in range(3)]
-    real = queue.procs.finish_and_claim
+    real = queue.procs.claim_batch
 
     def slow_claim(*args, **kwargs):
         result = real(*args, **kwargs)
         time.sleep(1.3)  # inside the claim's transaction, before its commit
         return result
 
-    monkeypatch.setattr(queue.procs, "finish_and_claim", slow_claim)
+    monkeypatch.setattr(queue.procs, "claim_batch", slow_claim)
     workers(queue)
     wait_until(lambda: len(ran) == len(ids), 30, "every job to run")
     assert sorted(ran) == [0, 1, 2]
@@ -611,7 +628,7 @@ def test_a_job_reaped_before_it_started_is_not_run_by_the_late_worker(make_queue
     queue = make_queue(callbacks={"rec": ran.append}, stalled_job_timeout=2)
     job = queue.publish("rec", [1])
     with installed.db.transaction() as conn:
-        (claimed,) = queue.procs.claim_batch(conn, "general", 1, 1, None, None, None, 1000)
+        (claimed,) = queue.procs.claim_batch(conn, "general", 1, 1, None, None, 1000)
     frozen_for = 5.0  # claimed "5 s ago", as a stopped process sees it on resume
     with installed.db.transaction() as conn:  # meanwhile: reaped, then claimed by another worker
         later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)

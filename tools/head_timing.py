@@ -91,7 +91,7 @@ def timed(fn) -> float:
 def batch_claim(db: Database, procs: Procs, limit: int, expected: int, conn) -> None:
     """One claim_batch for queue 'general', rolled back (in `conn`'s transaction if given)."""
     if conn is not None:
-        claimed = procs.claim_batch(conn, "general", limit, 1, None, None, None, 1000)
+        claimed = procs.claim_batch(conn, "general", limit, 1, None, None, 1000)
         assert len(claimed) == expected, (len(claimed), expected)
         return
     with db.engine.connect() as conn, conn.begin() as tx:

@@ -1,12 +1,13 @@
--- bgq {{ table }}_claim, version 2 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_claim, version 3 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
---   CALL {{ table }}_claim(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_now)
+--   CALL {{ table }}_claim(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_worker_id, p_now)
 --   p_id          the job to claim.
 --   p_queue       the base queue: the job must be in it or in a sub-queue '<p_queue>_<sub>'.
 --   p_pid         the worker's process id (stored for people, never used for liveness).
 --   p_waiting_ms  postponed_by written when the job has to wait (waiting_job_expiration).
 --   p_metadata    JSON stored in metadata on a successful claim (NULL stores NULL).
+--   p_worker_id   stored in worker_id on a successful claim: the claiming worker (NULL: none).
 --   p_now         the clock (DATETIME(6), UTC); NULL means UTC_TIMESTAMP(6).
 -- Result: exactly one row
 --   outcome         'claimed'    the job is PROCESSING and belongs to the caller;
@@ -27,7 +28,7 @@
 --   state is -1, 1, 4, 6, 8. A grouped job first locks its group row; then the job is re-read
 --   under the lock; a UNIQUE duplicate turns REDUNDANT; a job with a predecessor
 --   ({{ table }}_predecessor) turns WAITING; otherwise it is claimed (PROCESSING, attempts + 1,
---   last_attempt_at, pid, metadata; postponed_by and error_message cleared) and, with a
+--   last_attempt_at, pid, metadata, worker_id; postponed_by and error_message cleared) and, with a
 --   coalesce_threshold, swallows the unstarted jobs of its group whose threshold is >= its own
 --   (REDUNDANT). {{ table }}_group_wake then refreshes the group row.
 -- Locks: the group row (waits at most 3 s: innodb_lock_wait_timeout is set to 3 for that one
@@ -43,6 +44,7 @@ CREATE PROCEDURE {{ table }}_claim(
     IN p_pid INT,
     IN p_waiting_ms INT,
     IN p_metadata LONGTEXT,
+    IN p_worker_id BIGINT,
     IN p_now DATETIME(6)
 )
 MODIFIES SQL DATA
@@ -54,7 +56,7 @@ BEGIN
     DECLARE v_promoted BIGINT UNSIGNED;
 
     CALL {{ table }}_claim_job(
-        p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_now,
+        p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_worker_id, p_now,
         v_outcome, v_attempt, v_state, v_predecessor, v_promoted
     );
 

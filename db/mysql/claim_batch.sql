@@ -1,29 +1,25 @@
--- bgq {{ table }}_claim_batch, version 2 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_claim_batch, version 3 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority, p_max_priority,
---                                p_group, p_max_heads, p_waiting_ms, p_results, p_now)
+--                                p_max_heads, p_waiting_ms, p_worker_id, p_now)
+--   Claims only; a worker that finished a grouped job takes the group's next head with
+--   {{ table }}_hand_off instead.
 --   p_queue         the base queue: jobs in it or in a sub-queue '<p_queue>_<sub>'.
 --   p_limit         at most this many jobs are claimed (>= 1).
 --   p_pid           the worker's process id (stored for people).
 --   p_min_priority, p_max_priority: only jobs with a priority in this range (NULL: no bound).
---   p_group         NULL: ungrouped jobs and the heads of idle groups; a group name: only that
---                   group's head (the worker that just finished the group's job hands it on).
 --   p_max_heads     at most this many of the claimed jobs are group heads (NULL: p_limit). A
 --                   worker that takes one group at a time leaves the other groups' heads to
 --                   the other workers.
 --   p_waiting_ms    passed to {{ table }}_claim_job (a head that lost a race turns WAITING).
---   p_results       NULL, or results to write first, in the same transaction: the JSON of
---                   {{ table }}_finish_batch, written by {{ table }}_finish_results (its errors
---                   included). A worker finishes a grouped job and claims the group's next head
---                   in one call this way.
+--   p_worker_id     stored in worker_id on every claimed job (NULL: none).
 --   p_now           the clock (DATETIME(6), UTC); NULL means UTC_TIMESTAMP(6).
 -- Result: one row per claimed job, ordered by priority then id; each is PROCESSING, the caller's
---   id, attempt     the job and its claim token for {{ table }}_finish / {{ table }}_finish_batch.
+--   id, attempt     the job and its claim token for {{ table }}_finish, {{ table }}_finish_batch
+--                   or {{ table }}_hand_off.
 --   callback_name, parameters_json, parameters, queue, priority, serial_group, identifier,
 --   mode, coalesce_threshold: the job as stored.
---   finished        NULL on those rows. Before them, one row per p_results object: its id,
---                   finished 1 if written or 0 if fenced out, every other column NULL.
 -- Claimable: a due job (as in {{ table }}_due_jobs without a broker: READY, TEMPORARILY_FAILED,
 --   WAITING or BROKER_FAILED whose postponement has passed) of the queue and priority range that
 --   is either ungrouped, or the head of its group (first in (priority, id) among the group's
@@ -35,9 +31,10 @@
 --   from one pass over {{ table }}_pending_head, then its first id there), tried in
 --   (priority, id) order until p_limit are claimed. An ungrouped job that is not UNIQUE is
 --   claimed by an UPDATE of the same columns {{ table }}_claim_job writes (PROCESSING,
---   attempts + 1, last_attempt_at, pid; postponed_by, error_message and metadata cleared). A
---   group head or a UNIQUE job goes through {{ table }}_claim_job, which re-checks it under the
---   group lock (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs are returned.
+--   attempts + 1, last_attempt_at, pid, worker_id; postponed_by, error_message and metadata
+--   cleared). A group head or a UNIQUE job goes through {{ table }}_claim_job, which re-checks
+--   it under the group lock (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs
+--   are returned.
 -- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
 --   UPDATE SKIP LOCKED too: a head whose group row another transaction holds (a claim or a
 --   finish in progress) is left out and the next candidate is tried, so batch claims neither
@@ -56,10 +53,9 @@ CREATE PROCEDURE {{ table }}_claim_batch(
     IN p_pid INT,
     IN p_min_priority INT,
     IN p_max_priority INT,
-    IN p_group VARCHAR(255),
     IN p_max_heads INT,
     IN p_waiting_ms INT,
-    IN p_results LONGTEXT,
+    IN p_worker_id BIGINT,
     IN p_now DATETIME(6)
 )
 MODIFIES SQL DATA
@@ -75,7 +71,6 @@ BEGIN
     DECLARE v_heads INT DEFAULT 0;
     DECLARE v_locked INT DEFAULT 0;
     DECLARE v_exists INT DEFAULT 0;
-    DECLARE v_written LONGTEXT DEFAULT '[]';
     DECLARE v_done INT DEFAULT 0;
     DECLARE v_id BIGINT UNSIGNED;
     DECLARE v_outcome VARCHAR(16);
@@ -109,117 +104,78 @@ BEGIN
             SET MYSQL_ERRNO = 31002, MESSAGE_TEXT = 'bgq: claim_batch limit must be at least 1';
     END IF;
 
-    IF p_results IS NOT NULL THEN
-        CALL {{ table }}_finish_results(p_results, v_now, v_written);
-    END IF;
-
-    IF p_group IS NOT NULL THEN
-        -- The hand-off: only this group's head, if it is claimable (one index dive).
-        SELECT
-            JSON_ARRAY(
-                JSON_OBJECT(
-                    'id', h.id, 'priority', h.priority, 'serial_group', h.serial_group, 'mode', h.mode
-                )
+    -- Up to p_limit ungrouped jobs (locked, skipping locked ones) and up to 2 * n + 2 group heads
+    -- (n: p_limit, or p_max_heads if smaller), in (priority, id) order.
+    SELECT
+        JSON_ARRAYAGG(
+            JSON_OBJECT(
+                'id', c.id, 'priority', c.priority, 'serial_group', c.serial_group, 'mode', c.mode
             )
-        INTO v_candidates
+        )
+    INTO v_candidates
+    FROM (
+        SELECT
+            f.id,
+            f.priority,
+            f.serial_group,
+            f.mode
         FROM (
             SELECT
                 id,
-                serial_group,
-                mode,
                 priority,
-                state,
-                queue,
-                created_at,
-                last_attempt_at,
-                postponed_by,
-                processed_by_broker
+                serial_group,
+                mode
             FROM {{ table }}
-            WHERE pending_group = p_group
-            ORDER BY priority, id
-            LIMIT 1
-        ) AS h
-        WHERE
-            h.state IN (1, 4, 6, 8)
-            AND h.priority BETWEEN v_min AND v_max
-            AND {{ in_queue('h') }}
-            AND {{ due('h') }}
-            AND NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS x
-                WHERE x.running_group = p_group
-            );
-    ELSE
+            WHERE
+                ungrouped_priority BETWEEN v_min AND v_max
+                AND {{ in_queue() }}
+                AND {{ due() }}
+            ORDER BY ungrouped_priority, id
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED  -- noqa: PRS
+        ) AS f
+        UNION ALL
         SELECT
-            JSON_ARRAYAGG(
-                JSON_OBJECT(
-                    'id', c.id, 'priority', c.priority, 'serial_group', c.serial_group, 'mode', c.mode
-                )
-            )
-        INTO v_candidates
+            hh.id,
+            hh.priority,
+            hh.serial_group,
+            hh.mode
         FROM (
             SELECT
-                f.id,
-                f.priority,
-                f.serial_group,
-                f.mode
+                j.id,
+                j.priority,
+                j.serial_group,
+                j.mode
             FROM (
-                SELECT
-                    id,
-                    priority,
-                    serial_group,
-                    mode
-                FROM {{ table }}
-                WHERE
-                    ungrouped_priority BETWEEN v_min AND v_max
-                    AND {{ in_queue() }}
-                    AND {{ due() }}
-                ORDER BY ungrouped_priority, id
-                LIMIT p_limit
-                FOR UPDATE SKIP LOCKED  -- noqa: PRS
-            ) AS f
-            UNION ALL
-            SELECT
-                hh.id,
-                hh.priority,
-                hh.serial_group,
-                hh.mode
-            FROM (
-                SELECT
-                    j.id,
-                    j.priority,
-                    j.serial_group,
-                    j.mode
+                -- Each group's best priority (one pass over {{ table }}_pending_head), then
+                -- the group's first id at that priority.
+                SELECT MIN(x.id) AS id
                 FROM (
-                    -- Each group's best priority (one pass over {{ table }}_pending_head), then
-                    -- the group's first id at that priority.
-                    SELECT MIN(x.id) AS id
-                    FROM (
-                        SELECT
-                            pending_group AS best_group,
-                            MIN(priority) AS best_priority
-                        FROM {{ table }}
-                        WHERE pending_group IS NOT NULL
-                        GROUP BY pending_group
-                    ) AS m
-                    INNER JOIN {{ table }} AS x
-                        ON x.pending_group = m.best_group AND x.priority = m.best_priority
-                    GROUP BY m.best_group
-                ) AS heads
-                INNER JOIN {{ table }} AS j ON j.id = heads.id
-                WHERE
-                    j.state IN (1, 4, 6, 8)
-                    AND j.priority BETWEEN v_min AND v_max
-                    AND {{ in_queue('j') }}
-                    AND {{ due('j') }}
-                    AND NOT EXISTS (
-                        SELECT 1 FROM {{ table }} AS r
-                        WHERE r.running_group = j.serial_group
-                    )
-                ORDER BY j.priority, j.id
-                LIMIT v_head_candidates
-            ) AS hh
-        ) AS c;
-    END IF;
+                    SELECT
+                        pending_group AS best_group,
+                        MIN(priority) AS best_priority
+                    FROM {{ table }}
+                    WHERE pending_group IS NOT NULL
+                    GROUP BY pending_group
+                ) AS m
+                INNER JOIN {{ table }} AS x
+                    ON x.pending_group = m.best_group AND x.priority = m.best_priority
+                GROUP BY m.best_group
+            ) AS heads
+            INNER JOIN {{ table }} AS j ON j.id = heads.id
+            WHERE
+                j.state IN (1, 4, 6, 8)
+                AND j.priority BETWEEN v_min AND v_max
+                AND {{ in_queue('j') }}
+                AND {{ due('j') }}
+                AND NOT EXISTS (
+                    SELECT 1 FROM {{ table }} AS r
+                    WHERE r.running_group = j.serial_group
+                )
+            ORDER BY j.priority, j.id
+            LIMIT v_head_candidates
+        ) AS hh
+    ) AS c;
 
     OPEN one_by_one;
     fetch_loop: LOOP
@@ -253,6 +209,7 @@ BEGIN
                 number_of_attempts = number_of_attempts + 1,
                 last_attempt_at = v_now,
                 pid = p_pid,
+                worker_id = p_worker_id,
                 postponed_by = NULL,
                 error_message = NULL,
                 metadata = NULL,
@@ -261,7 +218,7 @@ BEGIN
             SET v_outcome = IF(ROW_COUNT() > 0, 'claimed', NULL);
         ELSE
             CALL {{ table }}_claim_job(
-                v_id, p_queue, p_pid, p_waiting_ms, NULL, v_now,
+                v_id, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now,
                 v_outcome, v_attempt, v_state, v_predecessor, v_promoted
             );
         END IF;
@@ -273,24 +230,6 @@ BEGIN
     CLOSE one_by_one;
 
     SELECT
-        r.id,
-        NULL AS attempt,
-        NULL AS callback_name,
-        NULL AS parameters_json,
-        NULL AS parameters,
-        NULL AS queue,
-        NULL AS priority,
-        NULL AS serial_group,
-        NULL AS identifier,
-        NULL AS mode,
-        NULL AS coalesce_threshold,
-        CASE WHEN JSON_CONTAINS(v_written, CAST(r.id AS CHAR)) THEN 1 ELSE 0 END AS finished
-    FROM
-        JSON_TABLE(
-            COALESCE(p_results, '[]'), '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.id')
-        ) AS r
-    UNION ALL
-    SELECT
         j.id,
         j.number_of_attempts AS attempt,
         j.callback_name,
@@ -301,8 +240,7 @@ BEGIN
         j.serial_group,
         j.identifier,
         j.mode,
-        j.coalesce_threshold,
-        NULL AS finished
+        j.coalesce_threshold
     FROM {{ table }} AS j
     INNER JOIN
         JSON_TABLE(
@@ -316,5 +254,5 @@ BEGIN
     WHERE
         j.state = 2
         AND JSON_CONTAINS(v_claimed, CAST(j.id AS CHAR))
-    ORDER BY finished IS NULL, priority, id;
+    ORDER BY j.priority, j.id;
 END

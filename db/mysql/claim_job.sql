@@ -1,11 +1,11 @@
--- bgq {{ table }}_claim_job, version 2 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_claim_job, version 3 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
---   CALL {{ table }}_claim_job(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_now,
---                              @outcome, @attempt, @state, @predecessor_id, @promoted_id)
---   The one place where a single job is claimed: {{ table }}_claim (cron and broker mode) and
---   {{ table }}_claim_batch (grouped heads and UNIQUE jobs) both call it. Parameters as in
---   {{ table }}_claim.
+--   CALL {{ table }}_claim_job(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_worker_id,
+--                              p_now, @outcome, @attempt, @state, @predecessor_id, @promoted_id)
+--   The one place where a single job is claimed: {{ table }}_claim (cron and broker mode),
+--   {{ table }}_claim_batch (grouped heads and UNIQUE jobs) and {{ table }}_hand_off call it.
+--   Parameters as in {{ table }}_claim.
 -- Result: OUT parameters, no rows: a nested CALL must not send any
 --   o_outcome, o_attempt, o_state, o_predecessor_id, o_promoted_id: outcome, attempt, state,
 --   predecessor_id and promoted_id as documented in {{ table }}_claim.
@@ -19,6 +19,7 @@ CREATE PROCEDURE {{ table }}_claim_job(
     IN p_pid INT,
     IN p_waiting_ms INT,
     IN p_metadata LONGTEXT,
+    IN p_worker_id BIGINT,
     IN p_now DATETIME(6),
     OUT o_outcome VARCHAR(16),
     OUT o_attempt INT,
@@ -134,6 +135,7 @@ BEGIN
                 postponed_by = NULL,
                 error_message = NULL,
                 metadata = p_metadata,
+                worker_id = p_worker_id,
                 updated_at = v_now
             WHERE id = p_id AND state IN (-1, 1, 4, 6, 8);
             SELECT number_of_attempts INTO o_attempt

@@ -1,4 +1,4 @@
--- bgq {{ table }}_finish, version 1 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_finish, version 2 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_finish(p_id, p_attempt, p_state, p_error, p_postponed_by,
@@ -11,12 +11,9 @@
 --   p_postponed_by    ms before the job may run again (the backoff of a temporary failure).
 --   p_execution_time  ms the callback took (NULL when it did not succeed).
 --   p_memory          JSON {"before": ..., "after": ...} (NULL when it did not succeed).
---   p_clone_delay_ms  NULL, or: publish a fresh copy of the job (same callback, parameters,
---                     queue, priority, group, identifier, mode, coalesce_threshold; READY,
---                     attempts 0) due after this many ms, unless an unfinished job (not 3, 5,
---                     7) of the same identifier exists. Used for RECURRING jobs that finished
---                     and for WaitingException. A FINISHED RECURRING job's own row is then
---                     deleted, so one row per identifier remains.
+--   p_clone_delay_ms  NULL, or: insert a fresh copy of the job due after this many ms (the
+--                     clone_delay_ms of {{ table }}_finish_results: RECURRING jobs that finished,
+--                     WaitingException; a FINISHED RECURRING job's own row is then deleted).
 --   p_now             the clock (DATETIME(6), UTC); NULL means UTC_TIMESTAMP(6).
 -- Result: exactly one row
 --   finished           1 if the result was written, 0 if the caller no longer owns the job.
@@ -24,16 +21,18 @@
 --   promoted_queue, promoted_priority: where to publish promoted_id in broker mode.
 --   clone_id           the copy inserted for p_clone_delay_ms, or NULL (it has the job's queue
 --                      and priority; publish it with delay p_clone_delay_ms in broker mode).
--- Steps: a grouped job locks its group row first; the job is updated only while it is still
---   PROCESSING under the caller's claim; finished_at is set for FINISHED and REDUNDANT; then
---   {{ table }}_group_wake promotes the group's WAITING head when nothing blocks it any more
---   (a TEMPORARILY_FAILED job is normally still first in line, so it wakes nobody; a
---   better-priority job that waited behind it while it ran is promoted).
--- Locks: the group row, then the job row, then the promoted row (the same order as the claim).
--- Fencing: WHERE state = 2 AND number_of_attempts = p_attempt. A worker whose job was reaped
---   and claimed again elsewhere presents an old token: finished = 0 and nothing changes.
--- Errors: 31002 / SQLSTATE BQ002 when p_state is not 3, 4, 5 or 7.
+-- Steps: the state is checked, then {{ table }}_finish_results writes the result as the one
+--   object of a batch (its Steps: the group row locked, the job updated only while it is still
+--   PROCESSING under the caller's claim, the copy inserted, the group woken).
+-- Locks, Fencing: as documented in {{ table }}_finish_results (the group row, then the job row,
+--   then the promoted row; WHERE state = 2 AND number_of_attempts = p_attempt: a worker whose
+--   job was reaped and claimed again elsewhere presents an old token, finished = 0 and nothing
+--   changes).
+-- Errors: 31002 / SQLSTATE BQ002 when p_state is not 3, 4, 5 or 7, or when a FINISHED
+--   RECURRING job would be written without p_clone_delay_ms (raised before anything is written).
 -- Idempotent: yes (a repeated call is fenced out: finished = 0).
+-- MySQL 8: JSON_EXTRACT(p_memory, '$') nests the memory as JSON on both (MariaDB has no
+--   CAST(... AS JSON)).
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
 CREATE PROCEDURE {{ table }}_finish(
     IN p_id BIGINT UNSIGNED,
@@ -48,97 +47,50 @@ CREATE PROCEDURE {{ table }}_finish(
 )
 MODIFIES SQL DATA
 BEGIN
-    DECLARE v_now DATETIME(6) DEFAULT COALESCE(p_now, UTC_TIMESTAMP(6));
-    DECLARE v_group VARCHAR(255) DEFAULT NULL;
-    DECLARE v_finished INT DEFAULT 0;
-    DECLARE v_promoted BIGINT UNSIGNED DEFAULT NULL;
-    DECLARE v_clone BIGINT UNSIGNED DEFAULT NULL;
-    DECLARE v_identifier VARCHAR(255) DEFAULT NULL;
-    DECLARE v_queue VARCHAR(255) DEFAULT NULL;
-    DECLARE v_mode VARCHAR(16) DEFAULT NULL;
-    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
+    DECLARE v_written LONGTEXT;
 
     IF p_state IS NULL OR p_state NOT IN (3, 4, 5, 7) THEN
         SIGNAL SQLSTATE 'BQ002'
             SET MYSQL_ERRNO = 31002, MESSAGE_TEXT = 'bgq: finish state must be 3, 4, 5 or 7';
     END IF;
 
-    SELECT serial_group INTO v_group
-    FROM {{ table }}
-    WHERE id = p_id;
-    IF v_group IS NOT NULL THEN
-        INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (v_group, v_now)
-        ON DUPLICATE KEY UPDATE updated_at = v_now;
-    END IF;
-
-    UPDATE {{ table }}
-    SET
-        state = p_state,
-        error_message = p_error,
-        postponed_by = p_postponed_by,
-        execution_time = p_execution_time,
-        memory = p_memory,
-        finished_at = CASE WHEN p_state IN (3, 7) THEN v_now ELSE finished_at END,
-        updated_at = v_now
-    WHERE id = p_id AND state = 2 AND number_of_attempts = p_attempt;
-    SET v_finished = ROW_COUNT();
-
-    IF v_finished > 0 AND p_clone_delay_ms IS NOT NULL THEN
-        SELECT
-            identifier,
-            queue,
-            mode
-        INTO v_identifier, v_queue, v_mode
-        FROM {{ table }}
-        WHERE id = p_id;
-        IF v_identifier IS NULL OR NOT EXISTS (
-            SELECT 1 FROM {{ table }}
-            WHERE
-                identifier = v_identifier
-                AND queue = v_queue
-                AND state NOT IN (3, 5, 7)
-        ) THEN
-            INSERT INTO {{ table }} (
-                queue, priority, callback_name, parameters, parameters_json, state, created_at,
-                number_of_attempts, serial_group, coalesce_threshold, identifier, mode,
-                postponed_by, processed_by_broker, updated_at
+    CALL {{ table }}_finish_results(
+        JSON_ARRAY(
+            JSON_OBJECT(
+                'id', p_id,
+                'attempt', p_attempt,
+                'state', p_state,
+                'error', p_error,
+                'postponed_by', p_postponed_by,
+                'execution_time', p_execution_time,
+                'memory', JSON_EXTRACT(p_memory, '$'),
+                'clone_delay_ms', p_clone_delay_ms
             )
-            SELECT
-                queue,
-                priority,
-                callback_name,
-                parameters,
-                parameters_json,
-                1 AS state,
-                v_now AS created_at,
-                0 AS number_of_attempts,
-                serial_group,
-                coalesce_threshold,
-                identifier,
-                mode,
-                p_clone_delay_ms AS postponed_by,
-                processed_by_broker,
-                v_now AS updated_at
-            FROM {{ table }}
-            WHERE id = p_id;
-            SET v_clone = LAST_INSERT_ID();
-        END IF;
-        IF v_mode = 'recurring' AND p_state = 3 THEN
-            DELETE FROM {{ table }}
-            WHERE id = p_id;
-        END IF;
-    END IF;
+        ),
+        p_now,
+        v_written
+    );
 
-    IF v_finished > 0 AND v_group IS NOT NULL THEN
-        CALL {{ table }}_group_wake(v_group, v_now, v_promoted);
-    END IF;
-
+    -- One row whether or not the result was written (an aggregate without GROUP BY).
     SELECT
-        v_finished AS finished,
-        v_promoted AS promoted_id,
+        r.finished,
+        r.promoted_id,
         p.queue AS promoted_queue,
         p.priority AS promoted_priority,
-        v_clone AS clone_id
-    FROM (SELECT v_promoted AS id) AS k
-    LEFT JOIN {{ table }} AS p ON p.id = k.id;
+        r.clone_id
+    FROM (
+        SELECT
+            COUNT(w.id) AS finished,
+            MAX(w.promoted_id) AS promoted_id,
+            MAX(w.clone_id) AS clone_id
+        FROM
+            JSON_TABLE(
+                v_written, '$[*]' COLUMNS (
+                    id BIGINT UNSIGNED PATH '$.id',
+                    promoted_id BIGINT UNSIGNED PATH '$.promoted_id',
+                    clone_id BIGINT UNSIGNED PATH '$.clone_id'
+                )
+            ) AS w
+    ) AS r
+    LEFT JOIN {{ table }} AS p ON p.id = r.promoted_id;
 END

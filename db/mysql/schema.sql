@@ -74,6 +74,10 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     ungrouped_priority INT
     GENERATED ALWAYS AS (CASE WHEN serial_group IS NULL AND state IN (1, 4, 6, 8) THEN priority END)
     STORED,
+    -- The worker (a worker process's id, NULL when none was given) that claimed the job last:
+    -- written by every claim, never cleared (migration 0002_worker_id; appended, as every
+    -- migrated column is, so a migrated table has the same column order).
+    worker_id BIGINT NULL,
     PRIMARY KEY (id),
     UNIQUE KEY {{ table }}_running_group (running_group),
     KEY {{ table }}_ungrouped (ungrouped_priority, id),

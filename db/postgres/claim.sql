@@ -1,12 +1,14 @@
--- bgq {{ table }}_claim, version 2 (PostgreSQL 15)
+-- bgq {{ table }}_claim, version 3 (PostgreSQL 15)
 --
 -- Contract
---   SELECT * FROM {{ table }}_claim(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_now)
+--   SELECT * FROM {{ table }}_claim(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_worker_id,
+--                                   p_now)
 --   p_id          the job to claim.
 --   p_queue       the base queue: the job must be in it or in a sub-queue '<p_queue>_<sub>'.
 --   p_pid         the worker's process id (stored for people, never used for liveness).
 --   p_waiting_ms  postponed_by written when the job has to wait (waiting_job_expiration).
 --   p_metadata    JSON text stored in metadata on a successful claim (NULL stores NULL).
+--   p_worker_id   stored in worker_id on a successful claim: the claiming worker (NULL: none).
 --   p_now         the clock (TIMESTAMPTZ); NULL means clock_timestamp().
 -- Result: exactly one row
 --   outcome         'claimed'    the job is PROCESSING and belongs to the caller;
@@ -27,7 +29,7 @@
 --   state is -1, 1, 4, 6, 8. A grouped job first locks its group row; then the job is re-read
 --   under the lock; a UNIQUE duplicate turns REDUNDANT; a job with a predecessor
 --   ({{ table }}_predecessor) turns WAITING; otherwise it is claimed (PROCESSING, attempts + 1,
---   last_attempt_at, pid, metadata; postponed_by and error_message cleared) and, with a
+--   last_attempt_at, pid, metadata, worker_id; postponed_by and error_message cleared) and, with a
 --   coalesce_threshold, swallows the unstarted jobs of its group whose threshold is >= its own
 --   (REDUNDANT). {{ table }}_group_wake then refreshes the group row.
 -- Locks: the group row (waits at most 3 s: {{ table }}_claim_job is declared SET lock_timeout =
@@ -48,6 +50,7 @@ CREATE OR REPLACE FUNCTION {{ table }}_claim(
     p_pid INTEGER,
     p_waiting_ms INTEGER,
     p_metadata TEXT,
+    p_worker_id BIGINT,
     p_now TIMESTAMPTZ DEFAULT NULL
 )
 RETURNS TABLE (
@@ -74,7 +77,7 @@ DECLARE
     c RECORD;
 BEGIN
     SELECT * INTO c
-    FROM {{ table }}_claim_job(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_now);
+    FROM {{ table }}_claim_job(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_worker_id, p_now);
 
     RETURN QUERY
     SELECT

@@ -1,30 +1,26 @@
--- bgq {{ table }}_claim_batch, version 2 (PostgreSQL 15)
+-- bgq {{ table }}_claim_batch, version 3 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority,
---                                         p_max_priority, p_group, p_max_heads, p_waiting_ms,
---                                         p_results, p_now)
+--                                         p_max_priority, p_max_heads, p_waiting_ms,
+--                                         p_worker_id, p_now)
+--   Claims only; a worker that finished a grouped job takes the group's next head with
+--   {{ table }}_hand_off instead.
 --   p_queue         the base queue: jobs in it or in a sub-queue '<p_queue>_<sub>'.
 --   p_limit         at most this many jobs are claimed (>= 1).
 --   p_pid           the worker's process id (stored for people).
 --   p_min_priority, p_max_priority: only jobs with a priority in this range (NULL: no bound).
---   p_group         NULL: ungrouped jobs and the heads of idle groups; a group name: only that
---                   group's head (the worker that just finished the group's job hands it on).
 --   p_max_heads     at most this many of the claimed jobs are group heads (NULL: p_limit). A
 --                   worker that takes one group at a time leaves the other groups' heads to
 --                   the other workers.
 --   p_waiting_ms    passed to {{ table }}_claim_job (a head that lost a race turns WAITING).
---   p_results       NULL, or results to write first, in the same transaction: the JSON of
---                   {{ table }}_finish_batch, written by {{ table }}_finish_results (its errors
---                   included). A worker finishes a grouped job and claims the group's next head
---                   in one call this way.
+--   p_worker_id     stored in worker_id on every claimed job (NULL: none).
 --   p_now           the clock (TIMESTAMPTZ); NULL means clock_timestamp().
 -- Result: one row per claimed job, ordered by priority then id; each is PROCESSING, the caller's
---   id, attempt     the job and its claim token for {{ table }}_finish / {{ table }}_finish_batch.
+--   id, attempt     the job and its claim token for {{ table }}_finish, {{ table }}_finish_batch
+--                   or {{ table }}_hand_off.
 --   callback_name, parameters_json, parameters, queue, priority, serial_group, identifier,
 --   mode, coalesce_threshold: the job as stored.
---   finished        NULL on those rows. Before them, one row per p_results object: its id,
---                   finished 1 if written or 0 if fenced out, every other column NULL.
 -- Claimable: a due job (as in {{ table }}_due_jobs without a broker: READY, TEMPORARILY_FAILED,
 --   WAITING or BROKER_FAILED whose postponement has passed) of the queue and priority range that
 --   is either ungrouped, or the head of its group (first in (priority, id) among the group's
@@ -35,8 +31,8 @@
 --   2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller; one index dive per group on
 --   {{ table }}_pending_head), tried in (priority, id) order until p_limit are claimed. An
 --   ungrouped job that is not UNIQUE is claimed by an UPDATE of the same columns
---   {{ table }}_claim_job writes (PROCESSING, attempts + 1, last_attempt_at, pid; postponed_by,
---   error_message and metadata cleared). A group head or a UNIQUE job goes through
+--   {{ table }}_claim_job writes (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id;
+--   postponed_by, error_message and metadata cleared). A group head or a UNIQUE job goes through
 --   {{ table }}_claim_job, which re-checks it under the group lock (predecessor, UNIQUE
 --   duplicate, coalescing); only 'claimed' jobs are returned.
 -- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
@@ -55,10 +51,9 @@ CREATE OR REPLACE FUNCTION {{ table }}_claim_batch(
     p_pid INTEGER,
     p_min_priority INTEGER,
     p_max_priority INTEGER,
-    p_group VARCHAR,
     p_max_heads INTEGER,
     p_waiting_ms INTEGER,
-    p_results TEXT,
+    p_worker_id BIGINT,
     p_now TIMESTAMPTZ DEFAULT NULL
 )
 RETURNS TABLE (
@@ -72,8 +67,7 @@ RETURNS TABLE (
     serial_group VARCHAR,
     identifier VARCHAR,
     mode VARCHAR,
-    coalesce_threshold BIGINT,
-    finished INTEGER
+    coalesce_threshold BIGINT
 )
 LANGUAGE plpgsql
 VOLATILE
@@ -89,43 +83,68 @@ DECLARE
     v_claimed BIGINT[] := '{}';
     v_heads INTEGER := 0;
     v_head_limit INTEGER := LEAST(p_limit, COALESCE(p_max_heads, p_limit));
-    v_written BIGINT[];
     c RECORD;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'bgq: claim_batch limit must be at least 1' USING ERRCODE = 'BQ002';
     END IF;
 
-    IF p_results IS NOT NULL THEN
-        v_written := {{ table }}_finish_results(p_results, v_now);
-        RETURN QUERY
-        SELECT
-            r.id,
-            NULL::INTEGER,
-            NULL::VARCHAR,
-            NULL::JSON,
-            NULL::BYTEA,
-            NULL::VARCHAR,
-            NULL::INTEGER,
-            NULL::VARCHAR,
-            NULL::VARCHAR,
-            NULL::VARCHAR,
-            NULL::BIGINT,
-            CASE WHEN r.id = ANY(v_written) THEN 1 ELSE 0 END
-        FROM JSON_TO_RECORDSET(p_results::JSON) AS r (id BIGINT);
-    END IF;
-
-    IF p_group IS NOT NULL THEN
-        -- The hand-off: only this group's head, if it is claimable (one index dive).
-        SELECT ARRAY_AGG(h.id), ARRAY_AGG(h.serial_group), ARRAY_AGG(h.mode)
-        INTO v_ids, v_groups, v_modes
+    -- Up to p_limit ungrouped jobs (locked, skipping locked ones) and up to 2 * n + 2 group heads
+    -- (n: p_limit, or p_max_heads if smaller; a head whose group another claim holds is skipped
+    -- below, and the next one is tried), in (priority, id) order.
+    SELECT
+        ARRAY_AGG(c.id ORDER BY c.priority, c.id),
+        ARRAY_AGG(c.serial_group ORDER BY c.priority, c.id),
+        ARRAY_AGG(c.mode ORDER BY c.priority, c.id)
+    INTO v_ids, v_groups, v_modes
+    FROM (
+        SELECT f.id, f.priority, NULL::VARCHAR AS serial_group, f.mode
         FROM (
-            SELECT g.id, g.serial_group, g.mode, g.priority, g.state, g.queue, g.created_at,
-                g.last_attempt_at, g.postponed_by, g.processed_by_broker
-            FROM {{ table }} AS g
-            WHERE g.serial_group = p_group AND g.state IN (-1, 1, 4, 6, 8)
-            ORDER BY g.priority, g.id
-            LIMIT 1
+            SELECT j.id, j.priority, j.mode
+            FROM {{ table }} AS j
+            WHERE
+                j.serial_group IS NULL
+                AND j.state IN (1, 4, 6, 8)
+                AND j.priority BETWEEN v_min AND v_max
+                AND {{ in_queue('j') }}
+                AND {{ due('j') }}
+            ORDER BY j.priority, j.id
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        ) AS f
+        UNION ALL
+        SELECT hh.id, hh.priority, hh.serial_group, hh.mode
+        FROM (SELECT h.id, h.priority, h.serial_group, h.mode
+        FROM (
+            WITH RECURSIVE heads AS (
+                (
+                    SELECT
+                        g.id, g.priority, g.serial_group, g.mode, g.state, g.queue, g.created_at,
+                        g.last_attempt_at, g.postponed_by, g.processed_by_broker
+                    FROM {{ table }} AS g
+                    WHERE
+                        g.serial_group IS NOT NULL
+                        AND g.state IN (-1, 1, 4, 6, 8)
+                    ORDER BY g.serial_group, g.priority, g.id
+                    LIMIT 1
+                )
+                UNION ALL
+                SELECT n.*
+                FROM heads AS h
+                CROSS JOIN LATERAL (
+                    SELECT
+                        g.id, g.priority, g.serial_group, g.mode, g.state, g.queue, g.created_at,
+                        g.last_attempt_at, g.postponed_by, g.processed_by_broker
+                    FROM {{ table }} AS g
+                    WHERE
+                        g.serial_group > h.serial_group
+                        AND g.state IN (-1, 1, 4, 6, 8)
+                    ORDER BY g.serial_group, g.priority, g.id
+                    LIMIT 1
+                ) AS n
+            )
+
+            SELECT * FROM heads
         ) AS h
         WHERE
             h.state IN (1, 4, 6, 8)
@@ -133,79 +152,12 @@ BEGIN
             AND {{ in_queue('h') }}
             AND {{ due('h') }}
             AND NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS x WHERE x.serial_group = p_group AND x.state = 2
-            );
-    ELSE
-        -- Up to p_limit ungrouped jobs (locked, skipping locked ones) and up to 2 * n + 2 group
-        -- heads (n: p_limit, or p_max_heads if smaller; a head whose group another claim holds
-        -- is skipped below, and the next one is tried), in (priority, id) order.
-        SELECT
-            ARRAY_AGG(c.id ORDER BY c.priority, c.id),
-            ARRAY_AGG(c.serial_group ORDER BY c.priority, c.id),
-            ARRAY_AGG(c.mode ORDER BY c.priority, c.id)
-        INTO v_ids, v_groups, v_modes
-        FROM (
-            SELECT f.id, f.priority, NULL::VARCHAR AS serial_group, f.mode
-            FROM (
-                SELECT j.id, j.priority, j.mode
-                FROM {{ table }} AS j
-                WHERE
-                    j.serial_group IS NULL
-                    AND j.state IN (1, 4, 6, 8)
-                    AND j.priority BETWEEN v_min AND v_max
-                    AND {{ in_queue('j') }}
-                    AND {{ due('j') }}
-                ORDER BY j.priority, j.id
-                LIMIT p_limit
-                FOR UPDATE SKIP LOCKED
-            ) AS f
-            UNION ALL
-            SELECT hh.id, hh.priority, hh.serial_group, hh.mode
-            FROM (SELECT h.id, h.priority, h.serial_group, h.mode
-            FROM (
-                WITH RECURSIVE heads AS (
-                    (
-                        SELECT
-                            g.id, g.priority, g.serial_group, g.mode, g.state, g.queue, g.created_at,
-                            g.last_attempt_at, g.postponed_by, g.processed_by_broker
-                        FROM {{ table }} AS g
-                        WHERE
-                            g.serial_group IS NOT NULL
-                            AND g.state IN (-1, 1, 4, 6, 8)
-                        ORDER BY g.serial_group, g.priority, g.id
-                        LIMIT 1
-                    )
-                    UNION ALL
-                    SELECT n.*
-                    FROM heads AS h
-                    CROSS JOIN LATERAL (
-                        SELECT
-                            g.id, g.priority, g.serial_group, g.mode, g.state, g.queue, g.created_at,
-                            g.last_attempt_at, g.postponed_by, g.processed_by_broker
-                        FROM {{ table }} AS g
-                        WHERE
-                            g.serial_group > h.serial_group
-                            AND g.state IN (-1, 1, 4, 6, 8)
-                        ORDER BY g.serial_group, g.priority, g.id
-                        LIMIT 1
-                    ) AS n
-                )
-
-                SELECT * FROM heads
-            ) AS h
-            WHERE
-                h.state IN (1, 4, 6, 8)
-                AND h.priority BETWEEN v_min AND v_max
-                AND {{ in_queue('h') }}
-                AND {{ due('h') }}
-                AND NOT EXISTS (
-                    SELECT 1 FROM {{ table }} AS x
-                    WHERE x.serial_group = h.serial_group AND x.state = 2
-                )
-            ORDER BY h.priority, h.id
-            LIMIT v_head_limit * 2 + 2) AS hh
-        ) AS c;
-    END IF;
+                SELECT 1 FROM {{ table }} AS x
+                WHERE x.serial_group = h.serial_group AND x.state = 2
+            )
+        ORDER BY h.priority, h.id
+        LIMIT v_head_limit * 2 + 2) AS hh
+    ) AS c;
 
     -- One candidate at a time, in (priority, id) order, until p_limit are claimed. A group's row
     -- is locked without waiting: one that another transaction holds (a claim or a finish in
@@ -219,6 +171,7 @@ BEGIN
                 number_of_attempts = j.number_of_attempts + 1,
                 last_attempt_at = v_now,
                 pid = p_pid,
+                worker_id = p_worker_id,
                 postponed_by = NULL,
                 error_message = NULL,
                 metadata = NULL,
@@ -241,7 +194,7 @@ BEGIN
             );
         END IF;
         SELECT * INTO c
-        FROM {{ table }}_claim_job(v_ids[i], p_queue, p_pid, p_waiting_ms, NULL, v_now);
+        FROM {{ table }}_claim_job(v_ids[i], p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now);
         IF c.o_outcome = 'claimed' THEN
             v_claimed := v_claimed || v_ids[i];
             v_heads := v_heads + (CASE WHEN v_groups[i] IS NULL THEN 0 ELSE 1 END);
@@ -260,8 +213,7 @@ BEGIN
         j.serial_group,
         j.identifier,
         j.mode,
-        j.coalesce_threshold,
-        NULL::INTEGER
+        j.coalesce_threshold
     FROM {{ table }} AS j
     WHERE j.id = ANY(v_claimed) AND j.state = 2
     ORDER BY j.priority, j.id;

@@ -1,10 +1,11 @@
--- bgq {{ table }}_claim_job, version 2 (PostgreSQL 15)
+-- bgq {{ table }}_claim_job, version 3 (PostgreSQL 15)
 --
 -- Contract
---   SELECT * FROM {{ table }}_claim_job(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_now)
---   The one place where a single job is claimed: {{ table }}_claim (cron and broker mode) and
---   {{ table }}_claim_batch (grouped heads and UNIQUE jobs) both call it. Parameters as in
---   {{ table }}_claim.
+--   SELECT * FROM {{ table }}_claim_job(p_id, p_queue, p_pid, p_waiting_ms, p_metadata,
+--                                       p_worker_id, p_now)
+--   The one place where a single job is claimed: {{ table }}_claim (cron and broker mode),
+--   {{ table }}_claim_batch (grouped heads and UNIQUE jobs) and {{ table }}_hand_off call it.
+--   Parameters as in {{ table }}_claim.
 -- Result: OUT parameters, no rows: a nested CALL must not send any
 --   o_outcome, o_attempt, o_state, o_predecessor_id, o_promoted_id: outcome, attempt, state,
 --   predecessor_id and promoted_id as documented in {{ table }}_claim.
@@ -19,6 +20,7 @@ CREATE OR REPLACE FUNCTION {{ table }}_claim_job(
     p_pid INTEGER,
     p_waiting_ms INTEGER,
     p_metadata TEXT,
+    p_worker_id BIGINT,
     p_now TIMESTAMPTZ,
     OUT o_outcome TEXT,
     OUT o_attempt INTEGER,
@@ -115,6 +117,7 @@ BEGIN
                 postponed_by = NULL,
                 error_message = NULL,
                 metadata = p_metadata::JSON,
+                worker_id = p_worker_id,
                 updated_at = v_now
             WHERE j.id = p_id AND j.state IN (-1, 1, 4, 6, 8);
             SELECT j.number_of_attempts INTO o_attempt FROM {{ table }} AS j WHERE j.id = p_id;

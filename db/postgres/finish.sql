@@ -1,4 +1,4 @@
--- bgq {{ table }}_finish, version 1 (PostgreSQL 15)
+-- bgq {{ table }}_finish, version 2 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_finish(p_id, p_attempt, p_state, p_error, p_postponed_by,
@@ -11,6 +11,9 @@
 --   p_postponed_by    ms before the job may run again (the backoff of a temporary failure).
 --   p_execution_time  ms the callback took (NULL when it did not succeed).
 --   p_memory          JSON text {"before": ..., "after": ...} (NULL when it did not succeed).
+--   p_clone_delay_ms  NULL, or: insert a fresh copy of the job due after this many ms (the
+--                     clone_delay_ms of {{ table }}_finish_results: RECURRING jobs that finished,
+--                     WaitingException; a FINISHED RECURRING job's own row is then deleted).
 --   p_now             the clock (TIMESTAMPTZ); NULL means clock_timestamp().
 -- Result: exactly one row
 --   finished           1 if the result was written, 0 if the caller no longer owns the job.
@@ -18,16 +21,16 @@
 --   promoted_queue, promoted_priority: where to publish promoted_id in broker mode.
 --   clone_id           the copy inserted for p_clone_delay_ms, or NULL (it has the job's queue
 --                      and priority; publish it with delay p_clone_delay_ms in broker mode).
--- Steps: a grouped job locks its group row first; the job is updated only while it is still
---   PROCESSING under the caller's claim; finished_at is set for FINISHED and REDUNDANT; then
---   {{ table }}_group_wake promotes the group's WAITING head when nothing blocks it any more
---   (a TEMPORARILY_FAILED job is normally still first in line, so it wakes nobody; a
---   better-priority job that waited behind it while it ran is promoted).
--- Locks: the group row, then the job row, then the promoted row (the same order as the claim).
--- Fencing: WHERE state = 2 AND number_of_attempts = p_attempt. A worker whose job was reaped
---   and claimed again elsewhere presents an old token: finished = 0 and nothing changes.
--- Errors: SQLSTATE BQ002 when p_state is not 3, 4, 5 or 7 (raised before anything is written;
---   as every error in PostgreSQL, it aborts the caller's transaction).
+-- Steps: the state is checked, then {{ table }}_finish_results writes the result as the one
+--   object of a batch (its Steps: the group row locked, the job updated only while it is still
+--   PROCESSING under the caller's claim, the copy inserted, the group woken).
+-- Locks, Fencing: as documented in {{ table }}_finish_results (the group row, then the job row,
+--   then the promoted row; WHERE state = 2 AND number_of_attempts = p_attempt: a worker whose
+--   job was reaped and claimed again elsewhere presents an old token, finished = 0 and nothing
+--   changes).
+-- Errors: SQLSTATE BQ002 when p_state is not 3, 4, 5 or 7, or when a FINISHED RECURRING job
+--   would be written without p_clone_delay_ms (raised before anything is written; as every
+--   error in PostgreSQL, it aborts the caller's transaction).
 -- Idempotent: yes (a repeated call is fenced out: finished = 0).
 -- Transaction: never commits (a function cannot). Call it inside BEGIN ... COMMIT at READ
 --   COMMITTED; the locks last until the end of the caller's transaction.
@@ -54,73 +57,43 @@ VOLATILE
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now TIMESTAMPTZ := COALESCE(p_now, CLOCK_TIMESTAMP());
-    v_group VARCHAR;
-    v_finished INTEGER := 0;
-    v_promoted BIGINT;
-    v_clone BIGINT;
-    v_identifier VARCHAR;
-    v_queue VARCHAR;
-    v_mode VARCHAR;
+    v_written TEXT;
 BEGIN
     IF p_state IS NULL OR p_state NOT IN (3, 4, 5, 7) THEN
         RAISE EXCEPTION 'bgq: finish state must be 3, 4, 5 or 7' USING ERRCODE = 'BQ002';
     END IF;
 
-    SELECT j.serial_group INTO v_group FROM {{ table }} AS j WHERE j.id = p_id;
-    IF v_group IS NOT NULL THEN
-        INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (v_group, v_now)
-        ON CONFLICT (serial_group) DO UPDATE SET updated_at = EXCLUDED.updated_at;
-    END IF;
-
-    UPDATE {{ table }} AS j
-    SET state = p_state,
-        error_message = p_error,
-        postponed_by = p_postponed_by,
-        execution_time = p_execution_time,
-        memory = p_memory::JSON,
-        finished_at = CASE WHEN p_state IN (3, 7) THEN v_now ELSE j.finished_at END,
-        updated_at = v_now
-    WHERE j.id = p_id AND j.state = 2 AND j.number_of_attempts = p_attempt;
-    GET DIAGNOSTICS v_finished = ROW_COUNT;
-
-    IF v_finished > 0 AND p_clone_delay_ms IS NOT NULL THEN
-        SELECT j.identifier, j.queue, j.mode INTO v_identifier, v_queue, v_mode
-        FROM {{ table }} AS j WHERE j.id = p_id;
-        IF v_identifier IS NULL OR NOT EXISTS (
-            SELECT 1 FROM {{ table }} AS u
-            WHERE u.identifier = v_identifier AND u.queue = v_queue AND u.state NOT IN (3, 5, 7)
-        ) THEN
-            INSERT INTO {{ table }} (
-                queue, priority, callback_name, parameters, parameters_json, state, created_at,
-                number_of_attempts, serial_group, coalesce_threshold, identifier, mode,
-                postponed_by, processed_by_broker, updated_at
+    v_written := {{ table }}_finish_results(
+        JSON_BUILD_ARRAY(
+            JSON_BUILD_OBJECT(
+                'id', p_id,
+                'attempt', p_attempt,
+                'state', p_state,
+                'error', p_error,
+                'postponed_by', p_postponed_by,
+                'execution_time', p_execution_time,
+                'memory', p_memory::JSON,
+                'clone_delay_ms', p_clone_delay_ms
             )
-            SELECT
-                j.queue, j.priority, j.callback_name, j.parameters, j.parameters_json, 1, v_now,
-                0, j.serial_group, j.coalesce_threshold, j.identifier, j.mode,
-                p_clone_delay_ms, j.processed_by_broker, v_now
-            FROM {{ table }} AS j
-            WHERE j.id = p_id
-            RETURNING id INTO v_clone;
-        END IF;
-        IF v_mode = 'recurring' AND p_state = 3 THEN
-            DELETE FROM {{ table }} AS j WHERE j.id = p_id;
-        END IF;
-    END IF;
+        )::TEXT,
+        p_now
+    );
 
-    IF v_finished > 0 AND v_group IS NOT NULL THEN
-        v_promoted := {{ table }}_group_wake(v_group, v_now);
-    END IF;
-
+    -- One row whether or not the result was written (an aggregate without GROUP BY).
     RETURN QUERY
     SELECT
-        v_finished,
-        v_promoted,
+        r.finished,
+        r.promoted_id,
         p.queue,
         p.priority,
-        v_clone
-    FROM (SELECT v_promoted AS id) AS k
-    LEFT JOIN {{ table }} AS p ON p.id = k.id;
+        r.clone_id
+    FROM (
+        SELECT
+            COUNT(w.id)::INTEGER AS finished,
+            MAX(w.promoted_id) AS promoted_id,
+            MAX(w.clone_id) AS clone_id
+        FROM JSON_TO_RECORDSET(v_written::JSON) AS w (id BIGINT, promoted_id BIGINT, clone_id BIGINT)
+    ) AS r
+    LEFT JOIN {{ table }} AS p ON p.id = r.promoted_id;
 END;
 $$;

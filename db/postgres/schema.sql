@@ -49,6 +49,9 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     memory JSON NULL,
     mode VARCHAR(16) NOT NULL DEFAULT 'normal',
     updated_at TIMESTAMPTZ NOT NULL,
+    -- The worker (a worker process's id, NULL when none was given) that claimed the job last:
+    -- written by every claim, never cleared (migration 0002_worker_id).
+    worker_id BIGINT NULL,
     CONSTRAINT {{ table }}_state_check CHECK (state IN (-1, 1, 2, 3, 4, 5, 6, 7, 8)),
     CONSTRAINT {{ table }}_mode_check CHECK (mode IN ('normal', 'unique', 'recurring'))
 );

@@ -85,6 +85,20 @@ def test_claim_without_metadata_stores_null(installed):
     assert row(installed, job)["metadata"] is None
 
 
+@pytest.mark.parametrize("group", [None, "g"])
+def test_claim_stores_its_worker_id_and_a_claim_without_one_stores_null(installed, group):
+    job = new_job(installed, group=group)
+    loser = new_job(installed, group=group)  # waits (grouped) or stays READY: never written
+    claimed(installed, job, worker_id=7_000_000_000)  # a BIGINT
+    if group is not None:
+        assert claim(installed, loser, worker_id=9).outcome == "waiting"
+    assert (row(installed, job)["worker_id"], row(installed, loser)["worker_id"]) == (7_000_000_000, None)
+
+    set_row(installed, job, state=4)
+    claimed(installed, job, now=at(1))
+    assert row(installed, job)["worker_id"] is None
+
+
 def test_claim_returns_the_stored_parameters(installed):
     job = new_job(installed, parameters_json='{"a": [1, "x"]}')
     result = claim(installed, job)

@@ -1,4 +1,6 @@
-"""Contract of {table}_claim_batch: order, limit, heads of idle groups, bounds, UNIQUE, coalescing, races."""
+"""Contract of {table}_claim_batch: order, limit, heads of idle groups, bounds, UNIQUE, coalescing, races.
+
+The hand-off to one group's next head is {table}_hand_off (test_hand_off.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,6 @@ from tests.support.helpers import (
     claim,
     claim_batch,
     claimed,
-    finish,
     group_row,
     held_transaction,
     lock_timeout_setting,
@@ -96,6 +97,29 @@ def test_claim_writes_the_claim_and_returns_the_job_as_stored(installed, group, 
     assert (after["postponed_by"], after["error_message"], after["metadata"]) == (None, None, None)
     assert after["created_at"] == before["created_at"]
     assert after["finished_at"] is None
+
+
+@pytest.mark.parametrize(
+    ("group", "mode"),
+    [(None, "normal"), ("g", "normal"), (None, "unique")],
+    ids=["ungrouped", "group-head", "unique"],
+)
+def test_each_claim_stores_its_worker_id_and_a_claim_without_one_stores_null(installed, group, mode):
+    """worker_id on both claim paths (the one-UPDATE path and claim_job), overwritten by every claim."""
+    job = new_job(installed, group=group, identifier="id-1", mode=mode)
+    other = new_job(installed, group=None if group is None else "h")
+    assert row(installed, job)["worker_id"] is None
+
+    assert ids(claim_batch(installed, 1, worker_id=7_000_000_000)) == [job]  # a BIGINT
+    assert row(installed, job)["worker_id"] == 7_000_000_000
+    assert row(installed, other)["worker_id"] is None  # not claimed: not written
+
+    set_row(installed, job, state=4)  # reaped, say: claimable again
+    assert ids(claim_batch(installed, 1, worker_id=8, now=at(1))) == [job]
+    assert row(installed, job)["worker_id"] == 8
+    set_row(installed, job, state=4)
+    assert ids(claim_batch(installed, 1, now=at(2))) == [job]
+    assert row(installed, job)["worker_id"] is None
 
 
 @pytest.mark.parametrize("group", [None, "g"])
@@ -222,54 +246,6 @@ def test_limit_one_takes_the_best_of_heads_and_ungrouped_jobs(installed):
     head = new_job(installed, group="g", priority=0)
     assert ids(claim_batch(installed, 1)) == [head]
     assert ids(claim_batch(installed, 1)) == [u]
-
-
-# --- p_group: the hand-off to one group ---
-
-
-def test_group_argument_claims_only_that_groups_head(installed):
-    a = new_job(installed, group="g", priority=1)
-    b = new_job(installed, group="g", priority=1)
-    other_head = new_job(installed, group="h", priority=0)
-    loner = new_job(installed, priority=0)
-
-    first = claim_batch(installed, 10, group="g")
-    assert ids(first) == [a]
-    assert states(installed, b, other_head, loner) == [1, 1, 1]
-
-    assert claim_batch(installed, 10, group="g") == []  # the group runs a job
-    assert state(installed, b) == 1
-    assert finish(installed, a, first[0].claim.attempt, 3, now=at(1)).finished
-    assert ids(claim_batch(installed, 10, group="g", now=at(2))) == [b]
-    assert states(installed, other_head, loner) == [1, 1]
-
-
-@pytest.mark.parametrize(
-    "case", ["not-due", "other-queue", "below-min-priority", "back-to-broker", "unknown"]
-)
-def test_group_argument_claims_nothing_when_the_head_is_not_claimable_here(installed, case):
-    head = new_job(installed, group="g", priority=2, queue="other" if case == "other-queue" else QUEUE)
-    nxt = new_job(installed, group="g", priority=2)
-    if case == "not-due":
-        _postpone(installed, head, state=4, number_of_attempts=1)
-    elif case == "back-to-broker":
-        set_row(installed, head, state=-1)
-    elif case == "below-min-priority":
-        set_row(installed, head, priority=1)
-    before = {j: row(installed, j) for j in (head, nxt)}
-
-    result = claim_batch(
-        installed, 10, group="nope" if case == "unknown" else "g", min_priority=2, now=at(30)
-    )
-
-    assert result == []
-    assert {j: row(installed, j) for j in (head, nxt)} == before
-
-
-def test_group_argument_claims_a_head_of_a_sub_queue(installed):
-    head = new_job(installed, group="g", queue="general_x")
-    result = claim_batch(installed, 10, group="g")
-    assert [(c.id, c.claim.queue) for c in result] == [(head, "general_x")]
 
 
 # --- queue and priority range ---
@@ -521,7 +497,7 @@ def test_a_limit_below_one_raises_and_writes_nothing(installed, bad_limit):
 
     with held_transaction(installed) as conn:  # even a caller that commits after the error
         with pytest.raises(sa.exc.DBAPIError):
-            procs(installed).claim_batch(conn, QUEUE, bad_limit, PID, None, None, None, 1500, T0)
+            procs(installed).claim_batch(conn, QUEUE, bad_limit, PID, None, None, 1500, T0)
         conn.commit()
     assert {j: row(installed, j) for j in (loner, head)} == before
     assert group_row(installed, "g") is None

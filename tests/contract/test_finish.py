@@ -259,3 +259,60 @@ def test_canonical_order_of_a_serial_group(installed):
                 promoted.append(ids[done.promoted_id])
     assert "".join(order) == "abdegcf"
     assert promoted == ["c", "f"]
+
+
+# --- copies (RECURRING, WaitingException): written by the same writer as every result ---
+
+
+def test_a_copy_is_inserted_and_returned_for_publishing(installed):
+    job = new_job(installed, group="g", identifier="report-7", queue="general_x", priority=3)
+    attempt = claimed(installed, job, now=T0)
+
+    result = finish(installed, job, attempt, 3, error="not yet", clone_delay_ms=1500, now=at(2))
+
+    assert result.finished is True
+    assert result.clone_id is not None and result.clone_id > job
+    copy = row(installed, result.clone_id)
+    assert (copy["state"], copy["number_of_attempts"], copy["postponed_by"]) == (1, 0, 1500)
+    assert (copy["queue"], copy["priority"], copy["serial_group"], copy["identifier"]) == (
+        "general_x",
+        3,
+        "g",
+        "report-7",
+    )
+    assert (copy["created_at"], copy["updated_at"]) == (at(2), at(2))
+    assert (state(installed, job), row(installed, job)["error_message"]) == (3, "not yet")
+
+
+def test_a_finished_recurring_job_is_replaced_and_its_group_woken(installed):
+    first, attempt, waiter = _waiting_pair(installed, queue="general_x")  # before the successor
+    set_row(installed, first, mode="recurring", identifier="nightly")
+
+    result = finish(installed, first, attempt, 3, clone_delay_ms=60000, now=at(5))
+
+    assert result.finished is True
+    assert (result.promoted_id, result.promoted_queue, result.promoted_priority) == (waiter, "general_x", 1)
+    assert row(installed, first) is None
+    successor = row(installed, result.clone_id)
+    assert (successor["identifier"], successor["mode"], successor["state"]) == ("nightly", "recurring", 1)
+    assert state(installed, waiter) == 1
+
+
+def test_a_finished_recurring_job_without_a_copy_raises_and_writes_nothing(installed):
+    """No recurring job silently stops recurring (one rule with finish_batch and hand_off)."""
+    job = new_job(installed, identifier="nightly", mode="recurring")
+    attempt = claimed(installed, job, now=T0)
+    before = row(installed, job)
+    with pytest.raises(bgq.DatabaseError) as caught:
+        finish(installed, job, attempt, 3, now=at(1))
+    assert "a finished recurring job needs clone_delay_ms" in str(caught.value)
+    assert row(installed, job) == before
+    assert finish(installed, job, attempt, 5, error="stop it", now=at(2)).finished  # a stop is explicit
+
+
+def test_a_fenced_out_finish_makes_no_copy(installed):
+    job = new_job(installed, identifier="nightly", mode="recurring")
+    attempt = claimed(installed, job, now=T0)
+    result = finish(installed, job, attempt + 1, 3, clone_delay_ms=1000, now=at(1))
+    assert (result.finished, result.clone_id) == (False, None)
+    assert installed.sql("SELECT COUNT(*) AS n FROM {t}")[0]["n"] == 1

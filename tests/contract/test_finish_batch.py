@@ -1,4 +1,4 @@
-"""Contract of {table}_finish_batch (many results, fenced, groups woken) and of heartbeat's metadata."""
+"""Contract of {table}_finish_batch (many results, fenced, copies, groups woken), heartbeat's metadata."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tests.support.helpers import (
     claimed,
     finish_batch,
     group_row,
+    hand_off,
     held_transaction,
     new_job,
     procs,
@@ -25,6 +26,7 @@ from tests.support.helpers import (
     set_row,
     state,
     states,
+    utc,
 )
 
 
@@ -239,7 +241,7 @@ def test_a_final_result_promotes_the_groups_waiting_head(installed, job_state):
     assert (after["state"], after["error_message"], after["postponed_by"]) == (1, None, None)
     assert after["updated_at"] == at(5)
     assert group_row(installed, "g")["waiting_head_id"] is None
-    assert [c.id for c in claim_batch(installed, 10, group="g", now=at(6))] == [waiter]
+    assert [c.id for c in hand_off(installed, "g", now=at(6))[1]] == [waiter]
 
 
 def test_a_temporary_failure_of_the_head_promotes_nobody(installed):
@@ -287,6 +289,98 @@ def test_a_fenced_out_result_wakes_nobody(installed):
     assert state(installed, first) == 2
 
 
+# --- copies: RECURRING successors and WaitingException copies ---
+
+
+def _rows(installed):
+    return installed.sql("SELECT * FROM {t} ORDER BY id")
+
+
+def test_a_finished_recurring_job_is_replaced_by_its_successor(installed):
+    recurring = new_job(installed, identifier="nightly", mode="recurring", callback="tick", priority=2)
+    set_row(installed, recurring, processed_by_broker=1)
+    (attempt,) = _claimed_batch(installed, recurring).values()
+
+    written = finish_batch(installed, [JobResult(recurring, attempt, 3, clone_delay_ms=60000)], now=at(4))
+
+    assert written == {recurring: True}
+    (successor,) = _rows(installed)  # one row per identifier: the finished one is deleted
+    assert successor["id"] > recurring
+    assert (successor["state"], successor["number_of_attempts"], successor["postponed_by"]) == (1, 0, 60000)
+    assert (successor["callback_name"], successor["identifier"], successor["mode"]) == (
+        "tick",
+        "nightly",
+        "recurring",
+    )
+    assert (successor["priority"], successor["processed_by_broker"], successor["queue"]) == (2, 1, "general")
+    assert successor["parameters_json"] is not None
+    assert utc(successor["created_at"]) == at(4)
+
+
+def test_a_waiting_exception_keeps_its_row_and_adds_a_copy_for_every_mode(installed):
+    plain = new_job(installed, group="g", threshold=9)
+    tagged = new_job(installed, identifier="report-7")
+    attempts = _claimed_batch(installed, plain, tagged)
+
+    written = finish_batch(
+        installed,
+        [JobResult(j, attempts[j], 3, error="not yet", clone_delay_ms=1500) for j in (plain, tagged)],
+        now=at(2),
+    )
+
+    assert written == {plain: True, tagged: True}
+    rows = _rows(installed)
+    assert [(r["id"], r["state"], r["error_message"]) for r in rows[:2]] == [
+        (plain, 3, "not yet"),
+        (tagged, 3, "not yet"),
+    ]
+    copies = rows[2:]
+    by_source = {r["serial_group"] or r["identifier"]: r for r in copies}
+    assert sorted(by_source) == ["g", "report-7"]
+    assert (by_source["g"]["identifier"], by_source["g"]["coalesce_threshold"]) == (None, 9)
+    assert (by_source["report-7"]["serial_group"], by_source["report-7"]["coalesce_threshold"]) == (
+        None,
+        None,
+    )
+    assert all((r["state"], r["postponed_by"], r["number_of_attempts"]) == (1, 1500, 0) for r in copies)
+
+
+def test_no_copy_when_an_unfinished_job_of_the_identifier_exists(installed):
+    first = new_job(installed, identifier="tick", mode="recurring")
+    second = new_job(installed, identifier="tick", mode="recurring")
+    attempt = claimed(installed, first)
+
+    assert finish_batch(installed, [JobResult(first, attempt, 3, clone_delay_ms=1000)]) == {first: True}
+
+    assert [r["id"] for r in _rows(installed)] == [second]
+
+
+def test_a_fenced_out_result_makes_no_copy(installed):
+    recurring = new_job(installed, identifier="nightly", mode="recurring")
+    (attempt,) = _claimed_batch(installed, recurring).values()
+    before = row(installed, recurring)
+
+    assert finish_batch(installed, [JobResult(recurring, attempt + 1, 3, clone_delay_ms=1000)]) == {
+        recurring: False
+    }
+
+    assert [r["id"] for r in _rows(installed)] == [recurring]
+    assert row(installed, recurring) == before
+
+
+def test_a_grouped_recurring_job_wakes_its_group_after_its_row_is_gone(installed):
+    """The group of a deleted (finished RECURRING) job is still woken: its waiting head is promoted."""
+    first, attempt, waiter = _waiting_pair(installed, identifier="w")
+    set_row(installed, first, mode="recurring", identifier="nightly")
+
+    written = finish_batch(installed, [JobResult(first, attempt, 3, clone_delay_ms=60000)], now=at(5))
+
+    assert written == {first: True}
+    assert row(installed, first) is None
+    assert state(installed, waiter) == 1
+    assert group_row(installed, "g")["waiting_head_id"] is None
+
+
 # --- errors: nothing written ---
 
 
@@ -311,7 +405,7 @@ def test_a_state_that_is_not_a_result_raises_and_writes_nothing(installed, bad_s
     with pytest.raises(bgq.DatabaseError) as caught:
         finish_batch(installed, results, now=at(9))
     assert type(caught.value) is bgq.DatabaseError
-    assert "finish_batch state must be 1, 3, 4, 5 or 7" in str(caught.value)
+    assert "a result state must be 1, 3, 4, 5 or 7" in str(caught.value)
     error = _fails_even_if_committed(installed, results)
     assert type(error) is bgq.DatabaseError
 
@@ -319,7 +413,8 @@ def test_a_state_that_is_not_a_result_raises_and_writes_nothing(installed, bad_s
     assert group_row(installed, "g") == group_before
 
 
-def test_a_finished_recurring_job_raises_and_writes_nothing(installed):
+def test_a_finished_recurring_job_without_a_copy_raises_and_writes_nothing(installed):
+    """No recurring job silently stops recurring: its successor's delay is required."""
     good = new_job(installed, group="g")
     recurring = new_job(installed, identifier="nightly", mode="recurring")
     attempts = _claimed_batch(installed, good, recurring)
@@ -329,7 +424,7 @@ def test_a_finished_recurring_job_raises_and_writes_nothing(installed):
     with pytest.raises(bgq.DatabaseError) as caught:
         finish_batch(installed, results, now=at(9))
     assert type(caught.value) is bgq.DatabaseError
-    assert "a finished recurring job needs finish" in str(caught.value)
+    assert "a finished recurring job needs clone_delay_ms" in str(caught.value)
     assert type(_fails_even_if_committed(installed, results)) is bgq.DatabaseError
 
     assert {j: row(installed, j) for j in (good, recurring)} == before

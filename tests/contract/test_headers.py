@@ -358,30 +358,21 @@ _FINISHED = json.dumps([{"id": 987654, "attempt": 1, "state": 3}])
 _RESULT_CALLS = {
     "back_to_broker": lambda job, running, attempt: (QUEUE, 10, T0),
     "broker_failed": lambda job, running, attempt: (job, "headers", T0),
-    "claim": lambda job, running, attempt: (job, QUEUE, PID, 1000, None, T0),
-    "claim_batch": lambda job, running, attempt: (
-        QUEUE,
-        10,
-        PID,
-        None,
-        None,
-        None,
-        None,
-        1000,
-        _FINISHED,
-        T0,
-    ),
+    "claim": lambda job, running, attempt: (job, QUEUE, PID, 1000, None, None, T0),
+    "claim_batch": lambda job, running, attempt: (QUEUE, 10, PID, None, None, None, 1000, None, T0),
     "clear_finished": lambda job, running, attempt: (QUEUE, None, T0),
     "due_jobs": lambda job, running, attempt: (QUEUE, 0, 10, T0),
     "finish": lambda job, running, attempt: (running, attempt, 3, None, None, None, None, None, T0),
     "finish_batch": lambda job, running, attempt: (_FINISHED, T0),
     "group_heads": lambda job, running, attempt: (),
+    "hand_off": lambda job, running, attempt: (_FINISHED, "hg", QUEUE, PID, None, None, 1000, None, T0),
     "heartbeat": lambda job, running, attempt: (running, attempt, None, T0),
     "lost_messages": lambda job, running, attempt: (QUEUE, 0, 10, T0),
     "monitor": lambda job, running, attempt: (QUEUE, 0, T0),
     "promote_waiting": lambda job, running, attempt: (T0,),
     "reap": lambda job, running, attempt: (QUEUE, 0, 10, None, at(1)),
     "requeue": lambda job, running, attempt: (job, "headers", T0),
+    "run_now": lambda job, running, attempt: (job, "headers", T0),
     "unfinished_identifiers": lambda job, running, attempt: (QUEUE, None, 0),
 }
 _ROW_PROCS = [p for p in ALL_PROCS if not p.function]
@@ -437,7 +428,7 @@ def test_internal_routines_return_only_their_documented_out_parameters(installed
     outs = [p for p, mode, _ in declared_signature(dialect, name) if mode == "OUT"]
     ins = [p for p, mode, _ in declared_signature(dialect, name) if mode == "IN"]
     args = {
-        "claim_job": (running, QUEUE, PID, 1000, None, T0),
+        "claim_job": (running, QUEUE, PID, 1000, None, None, T0),
         "finish_results": (_FINISHED, T0),
         "group_wake": ("hg", T0),
     }[name]
@@ -466,19 +457,7 @@ def test_internal_routines_return_only_their_documented_out_parameters(installed
 def test_every_parameter_line_is_a_declared_parameter_in_order(dialect, name):
     """Each header documents every parameter of its CREATE statement on a line of its own, in
     the declared order, with the declared type where it names one (see parameter_line_problems)."""
-    assert documented_parameter_problems(dialect, name) == KNOWN_HEADER_GAPS.get((dialect, name), [])
-
-
-#: Headers that are wrong today, with exactly what is wrong (bgq's SQL files belong to others:
-#: the test pins the gap, and fails once it is fixed, so the entry is removed with the fix).
-KNOWN_HEADER_GAPS = {
-    ("postgres", "finish"): [
-        "parameter lines ['p_id', 'p_attempt', 'p_state', 'p_error', 'p_postponed_by', "
-        "'p_execution_time', 'p_memory', 'p_now'] != declared parameters ['p_id', 'p_attempt', "
-        "'p_state', 'p_error', 'p_postponed_by', 'p_execution_time', 'p_memory', 'p_clone_delay_ms', "
-        "'p_now']"
-    ],
-}
+    assert documented_parameter_problems(dialect, name) == []
 
 
 def test_parameter_lines_name_the_installed_routines_inputs(installed):
@@ -495,8 +474,7 @@ def test_parameter_lines_name_the_installed_routines_inputs(installed):
         )
         outs = [p for p, mode, _ in declared_signature(dialect, name) if mode == "OUT"]
         inputs = [p for p, _ in documented if p not in outs]
-        if (dialect, name) not in KNOWN_HEADER_GAPS:
-            assert inputs == list(routine.inputs), name
+        assert inputs == list(routine.inputs), name
         clock = dict(documented).get("p_now")
         if clock is not None:
             kind = {"mysql": "datetime(6)", "postgres": "timestamp with time zone"}[dialect]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 import bgq
-
-from .helpers import T0, at, claim, claimed, finish, new_job, procs, row, set_row, state
+from tests.support.helpers import T0, at, claim, claimed, finish, new_job, procs, row, set_row, state
 
 
 def run_now(installed, job_id, reason="alice: go", now=T0):

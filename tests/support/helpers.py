@@ -134,12 +134,14 @@ def claim(
     metadata: str | None = None,
     now: dt.datetime = T0,
     conn: Connection | None = None,
+    worker_id: int | None = None,
 ) -> ClaimResult:
     """One claim in one transaction of its own (or on `conn`, whose transaction the caller owns)."""
+    args = (job_id, queue, pid, waiting_ms, metadata, now)
     if conn is not None:
-        return procs(installed).claim(conn, job_id, queue, pid, waiting_ms, metadata, now)
+        return procs(installed).claim(conn, *args, worker_id=worker_id)
     with installed.db.transaction() as own:
-        return procs(installed).claim(own, job_id, queue, pid, waiting_ms, metadata, now)
+        return procs(installed).claim(own, *args, worker_id=worker_id)
 
 
 def claimed(installed: Any, job_id: int, **kwargs: Any) -> int:
@@ -160,12 +162,14 @@ def finish(
     postponed_by: int | None = None,
     execution_time: int | None = None,
     memory: str | None = None,
+    clone_delay_ms: int | None = None,
     now: dt.datetime = T0,
 ) -> FinishResult:
     with installed.db.transaction() as conn:
         return procs(installed).finish(
-            conn, job_id, attempt, job_state, error, postponed_by, execution_time, memory, now
-        )
+            conn, job_id, attempt, job_state, error, postponed_by, execution_time, memory, now,
+            clone_delay_ms=clone_delay_ms,
+        )  # fmt: skip
 
 
 @contextmanager
@@ -272,18 +276,42 @@ def claim_batch(
     pid: int = PID,
     min_priority: int | None = None,
     max_priority: int | None = None,
-    group: str | None = None,
     waiting_ms: int = WAITING_MS,
     now: dt.datetime = T0,
     conn: Connection | None = None,
     max_heads: int | None = None,
+    worker_id: int | None = None,
 ) -> list[Any]:
     """One claim_batch (a list of bgq.procs.Claimed) in a transaction of its own (or on `conn`)."""
-    args = (queue, limit, pid, min_priority, max_priority, group, waiting_ms, now)
+    args = (queue, limit, pid, min_priority, max_priority, waiting_ms, now)
+    options = {"max_heads": max_heads, "worker_id": worker_id}
     if conn is not None:
-        return procs(installed).claim_batch(conn, *args, max_heads=max_heads)
+        return procs(installed).claim_batch(conn, *args, **options)
     with installed.db.transaction() as own:
-        return procs(installed).claim_batch(own, *args, max_heads=max_heads)
+        return procs(installed).claim_batch(own, *args, **options)
+
+
+def hand_off(
+    installed: Any,
+    group: str | None,
+    results: list[Any] | None = None,
+    *,
+    queue: str = QUEUE,
+    pid: int = PID,
+    min_priority: int | None = None,
+    max_priority: int | None = None,
+    waiting_ms: int = WAITING_MS,
+    now: dt.datetime = T0,
+    conn: Connection | None = None,
+    worker_id: int | None = None,
+) -> tuple[dict[int, bool], list[Any]]:
+    """One hand_off (bgq.procs.JobResult objects written, then `group`'s head claimed) in a
+    transaction of its own (or on `conn`): ({id: written}, [claimed head] or [])."""
+    args = (results or [], group, queue, pid, min_priority, max_priority, waiting_ms, now)
+    if conn is not None:
+        return procs(installed).hand_off(conn, *args, worker_id=worker_id)
+    with installed.db.transaction() as own:
+        return procs(installed).hand_off(own, *args, worker_id=worker_id)
 
 
 def finish_batch(
