@@ -129,6 +129,8 @@ def install(db: Database, table: str, *, lock_wait: float = migrate.LOCK_WAIT) -
     procs = Procs(db, table)
     with migrate.install_lock(db, table, lock_wait):
         migrated = _migrate(db, procs, table, files)
+        with db.transaction() as conn:  # STAND-IN until finish-path lands: delete with the method
+            procs.stand_in_worker_id_column(conn)
         return _install_routines(db, procs, table, files) or migrated
 
 
@@ -285,5 +287,7 @@ def uninstall(db: Database, table: str) -> None:
         if db.dialect.name == "mysql":  # a migration's helper that a failed run left behind
             for migration in SqlFiles.load("mysql").migrations:
                 procs.run(conn, [f"DROP PROCEDURE IF EXISTS {migration.helper(table)}"])
-        procs.run(conn, [f"DROP TABLE IF EXISTS {table}{suffix}" for suffix in ("_meta", "_group", "")])
+        procs.run(
+            conn, [f"DROP TABLE IF EXISTS {table}{suffix}" for suffix in ("_meta", "_group", "_worker", "")]
+        )
         procs.run(conn, [db.dialect.drop_sql(table, "notify", True)])  # PostgreSQL's insert trigger

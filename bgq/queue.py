@@ -24,7 +24,7 @@ from .admin import Admin
 from .config import Config, build_config
 from .db import Database
 from .executor import Executor
-from .model import JobRef, Mode
+from .model import JobRef, Mode, WorkerRow
 from .procs import Procs
 from .publisher import Bulk, Publisher
 from .reaper import Reaper
@@ -60,6 +60,11 @@ class Queue:
       permanent_errors             exception classes that fail a job for good (programming errors)
       data_dir                     where the embedded PostgreSQL keeps its data
       max_parameters_bytes         largest encoded parameters publish accepts (1 MiB); larger: PublishError
+      worker_heartbeat_interval    s between two heartbeats of a worker process's {table}_worker row (5)
+      worker_dead_after            s without such a heartbeat before the worker counts as dead and its
+                                   PROCESSING jobs are reaped (30; 0 = off; more than 2 x the interval)
+      log_format                   "text" or "json" (one JSON object per line): what the CLI logs in
+                                   when --log-format is not given (bgq/logfmt.py)
     """
 
     def __init__(self, **options: Any) -> None:
@@ -217,6 +222,10 @@ class Queue:
     def requeue(self, job_id: int, reason: str) -> JobRef:
         """The DBA's manual requeue: the job becomes READY again (not while PROCESSING)."""
         return self.admin.requeue(job_id, reason)
+
+    def workers(self) -> list[WorkerRow]:
+        """The registered worker processes of this queue (`bgq workers`; bgq/workers.py)."""
+        return self.admin.workers()
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:
         """The job's row, for people and tests."""

@@ -36,10 +36,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import BgqError, ConfigError
-from .model import Claimed, FinishResult, JobResult, JobState, Outcome
+from .model import Claimed, FinishResult, JobResult, JobState, Outcome, WorkerMode
 from .parts import Parts
 from .procs import Listener
 from .stopping import GracefulStop
+from .workers import Registry
 
 BATCH_MAX = 100  # jobs one claim takes at most (`bgq work --batch`)
 BATCH_BUDGET = 0.05  # seconds of work one claim should hold
@@ -150,7 +151,8 @@ class _Worker:
         """Work until stopped; the number of jobs run. Stalled jobs are reaped on a thread of the
         worker's own meanwhile (bgq/reaper.py), so no cron is needed for that."""
         self.store.procs  # noqa: B018 (checks the install in a transaction of its own, first)
-        with self.store.database.pinned():
+        mode = WorkerMode.WORK if self.limit is None else WorkerMode.PROCESS
+        with self.store.database.pinned(), Registry(self.queue, mode, self.base):  # bgq/workers.py
             self.queue.reaper.start()  # once the database answered: a worker that cannot connect
             try:  # fails once, not once per thread
                 self._loop()
