@@ -8,6 +8,7 @@ import importlib
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -389,14 +390,19 @@ def work(
     queue = load_queue()
     assert queue is not None
     chosen = parse_priorities(priorities, queue.config.priorities) if priorities else None
+    scratch = None
     if metrics_port is not None:
         if concurrency > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # Every forked worker writes its counters there; this process adds them up.
-            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="bgq-metrics-")
+            scratch = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="bgq-metrics-")
         _serve_metrics(queue, metrics_port)
-    code = run_workers(
-        lambda: queue, concurrency, sub_queue=sub_queue, priorities=chosen, batch_max=batch, poll=poll
-    )
+    try:
+        code = run_workers(
+            lambda: queue, concurrency, sub_queue=sub_queue, priorities=chosen, batch_max=batch, poll=poll
+        )
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     raise typer.Exit(code)
 
 

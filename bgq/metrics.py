@@ -136,7 +136,9 @@ class TableCollector:
         return []  # nothing is read at registration: the database is reached at scrape time only
 
     def collect(self) -> Iterator[Any]:
-        core = _client().core
+        _client()
+        from prometheus_client import core
+
         cfg, store = self.queue.config, self.queue.store
         with store.database.transaction() as conn:
             stats = store.procs.table_stats(conn, cfg.queue)
