@@ -45,13 +45,21 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+_handler: logging.Handler | None = None  # the stderr handler use() added to the root logger
+
+
 def use(fmt: str, level: int) -> None:
-    """Make the root logger's handlers write `fmt` ("text": "LEVEL message"; "json":
-    JsonFormatter) at `level` (the CLI calls it; applications configure logging themselves)."""
+    """Log on stderr in `fmt` ("text": "LEVEL message"; "json": JsonFormatter), as
+    logging.basicConfig(level=level) would: a root logger with handlers of its own (configured by
+    the application, or a test's capture) is left alone. The CLI calls it; a later call only
+    changes the format of the handler an earlier one added."""
+    global _handler
     root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(level=level)
-    root.setLevel(level)
-    formatter = JsonFormatter() if fmt == "json" else logging.Formatter("%(levelname)s %(message)s")
-    for handler in root.handlers:
-        handler.setFormatter(formatter)
+    if _handler is None and not root.handlers:
+        _handler = logging.StreamHandler()
+        root.addHandler(_handler)
+        root.setLevel(level)
+    if _handler is not None:
+        _handler.setFormatter(
+            JsonFormatter() if fmt == "json" else logging.Formatter("%(levelname)s %(message)s")
+        )

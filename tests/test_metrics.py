@@ -178,3 +178,25 @@ def test_bgq_metrics_serves_the_table_and_bgq_work_c2_adds_its_workers_counters(
         codes = [proc.wait(30) for proc in procs]
         log.close()
     assert codes == [0, 0], (tmp_path / "metrics.log").read_text()
+
+
+def test_asgi_app_answers_metrics_for_the_web_console(make_queue, installed):
+    """bgq.metrics.asgi_app(queue), called as an ASGI server would call it."""
+    import asyncio
+
+    queue = make_queue()
+    queue.publish("noop")
+    app = metrics.asgi_app(queue)
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": "/metrics", "query_string": b"", "headers": []}
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 200
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    assert _value(_samples(body)["bgq_jobs"], "bgq_jobs", queue="general", state="ready") == 1
