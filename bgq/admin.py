@@ -8,7 +8,7 @@ from typing import Any
 
 from . import retry
 from .config import Config, read_clock
-from .model import JobRef
+from .model import JobRef, WorkerRow
 from .sender import Sender
 from .store import Store
 from .validate import MAX_TEXT
@@ -38,6 +38,13 @@ class Admin:
             job = self.store.procs.run_now(conn, job_id, reason)
         self.sender.send([(job.id, job.queue, job.priority, None)])
         return job
+
+    def workers(self) -> list[WorkerRow]:
+        """The registered worker processes of the queue and its sub-queues (`bgq workers`), in id
+        order; a row whose last_heartbeat_at is older than worker_dead_after is a dead worker the
+        reaper has not removed yet."""
+        with self.store.database.transaction() as conn:
+            return self.store.procs.workers(conn, self.config.queue)
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:
         """The job's row, for people and tests."""

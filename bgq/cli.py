@@ -1,12 +1,17 @@
-"""The `bgq` command line (typer): install-procs, process, consume, work, monitor, requeue, demo, web."""
+"""The `bgq` command line (typer): install-procs, process, work, consume, monitor, requeue, workers, metrics, web, demo."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib
 import json
 import logging
+import os
+import shutil
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
@@ -15,7 +20,9 @@ import sqlalchemy as sa
 import typer
 from typer.core import TyperGroup
 
+from . import logfmt
 from .cmdlock import CommandLockedError, command_lock, lock_name, locks_dir
+from .config import LOG_FORMATS
 from .db import Database, normalise_url
 from .errors import BgqError, JobNotFoundError, JobStateError
 from .install import install
@@ -59,6 +66,8 @@ class State:
     database_url: str | None = None
     table: str | None = None
     queue: Queue | None = None  # the command's queue (load_queue)
+    log_format: str | None = None  # --log-format (None: the queue's log_format option)
+    verbose: bool = False
     database: Database | None = None  # the command's database without a queue (install-procs, demo)
 
 
@@ -105,14 +114,32 @@ def options(
     ] = None,
     table: Annotated[str | None, typer.Option("--table", help="Jobs table when no --app is given.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            "--log-format",
+            envvar="BGQ_LOG_FORMAT",
+            help="text, or json: one JSON object per line, with a line per job run (INFO) carrying "
+            "job_id, callback, queue, group, attempt, outcome, duration_ms. Default: the queue's "
+            "log_format option, else text.",
+        ),
+    ] = None,
 ) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(message)s"
-    )
+    if log_format is not None and log_format not in LOG_FORMATS:
+        fail(f"--log-format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}.", code=2)
+    state.log_format, state.verbose = log_format, verbose
+    _use_log_format(log_format or "text")
     # pika logs each failed connection attempt with a traceback; bgq reports the failure itself
     # (BrokerError, one line), so pika speaks only with --verbose.
     logging.getLogger("pika").setLevel(logging.INFO if verbose else logging.CRITICAL)
     state.app_path, state.database_url, state.table = app_path, database_url, table
+
+
+def _use_log_format(fmt: str) -> None:
+    """Log in `fmt`; json also turns on the INFO job-outcome lines (for machines to read)."""
+    logfmt.use(fmt, logging.INFO if state.verbose else logging.WARNING)
+    if fmt == "json":
+        logging.getLogger("bgq").setLevel(logging.INFO)
 
 
 def load_queue(required: bool = True) -> Queue | None:
@@ -136,6 +163,8 @@ def load_queue(required: bool = True) -> Queue | None:
         queue.close()
         queue.config = type(queue.config)(**{**queue.config.__dict__, "database_url": state.database_url})
     state.queue = queue
+    if state.log_format is None and queue.config.log_format != "text":
+        _use_log_format(queue.config.log_format)
     return queue
 
 
@@ -176,6 +205,26 @@ def stale_after_option() -> Any:
         min=0.0,
         help="A command lock held longer than this many seconds (a hung run) is logged at CRITICAL.",
     )
+
+
+def metrics_port_option() -> Any:
+    return typer.Option(
+        "--metrics-port",
+        min=1,
+        max=65535,
+        help="Serve Prometheus /metrics on this port (needs bgq[metrics]); with -c N the workers' "
+        "counters are added up (PROMETHEUS_MULTIPROC_DIR).",
+    )
+
+
+def _serve_metrics(queue: Queue, port: int, addr: str = "0.0.0.0") -> Any:
+    """Count this process's jobs and serve /metrics on a daemon thread (bgq/metrics.py)."""
+    from . import metrics
+
+    metrics.enable()
+    server = metrics.serve(queue, port, addr)
+    log.info(f"bgq: serving metrics on http://{addr}:{port}/metrics")
+    return server
 
 
 @contextmanager
@@ -296,6 +345,7 @@ def consume(
     priorities: Annotated[
         str | None, typer.Option("--priorities", "-p", help="N, A-B, -B or A- of the configured priorities.")
     ] = None,
+    metrics_port: Annotated[int | None, metrics_port_option()] = None,
 ) -> None:
     """Broker mode: take job ids from RabbitMQ and run them (SIGTERM lets the running job finish)."""
     from .broker import parse_priorities
@@ -306,6 +356,8 @@ def consume(
     assert queue is not None
     chosen = parse_priorities(priorities, queue.config.priorities)
     _ = queue.procs  # reach the database and check the install before taking any message
+    if metrics_port is not None:
+        _serve_metrics(queue, metrics_port)
     with GracefulStop() as stop:
         code = run_consumer(queue, sub_queue, jobs, chosen, stop)
     raise typer.Exit(code)
@@ -329,6 +381,7 @@ def work(
     poll: Annotated[
         float, typer.Option("--poll", min=0.01, help="Longest idle wait between two claims, in seconds.")
     ] = 1.0,
+    metrics_port: Annotated[int | None, metrics_port_option()] = None,
 ) -> None:
     """Continuous database worker: claim due jobs in batches and run them (SIGTERM stops it cleanly)."""
     from .broker import parse_priorities
@@ -337,9 +390,19 @@ def work(
     queue = load_queue()
     assert queue is not None
     chosen = parse_priorities(priorities, queue.config.priorities) if priorities else None
-    code = run_workers(
-        lambda: queue, concurrency, sub_queue=sub_queue, priorities=chosen, batch_max=batch, poll=poll
-    )
+    scratch = None
+    if metrics_port is not None:
+        if concurrency > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # Every forked worker writes its counters there; this process adds them up.
+            scratch = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="bgq-metrics-")
+        _serve_metrics(queue, metrics_port)
+    try:
+        code = run_workers(
+            lambda: queue, concurrency, sub_queue=sub_queue, priorities=chosen, batch_max=batch, poll=poll
+        )
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     raise typer.Exit(code)
 
 
@@ -442,6 +505,63 @@ def process_lock_holder(queue: Queue, stale_after: float) -> dict[str, Any] | No
         "age_s": None if age is None else round(age, 1),
         "stale": age is not None and age > stale_after,
     }
+
+
+@app.command()
+def workers(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON array (for machines).")] = False,
+) -> None:
+    """List the registered worker processes (`bgq work`, `bgq consume`, `bgq process`) of the queue:
+    host, pid, mode, queue, start, last heartbeat, current job, jobs done, version. A worker
+    silent for longer than worker_dead_after is marked dead (its jobs are being reaped)."""
+    queue = load_queue()
+    assert queue is not None
+    rows = queue.workers()
+    now = dt.datetime.now(dt.UTC)
+    dead_after = queue.config.worker_dead_after
+    listed = []
+    for row in rows:
+        age = (now - row.last_heartbeat_at).total_seconds()
+        item: dict[str, Any] = dataclasses.asdict(row)
+        item["started_at"] = row.started_at.isoformat()
+        item["last_heartbeat_at"] = row.last_heartbeat_at.isoformat()
+        item["heartbeat_age_s"] = round(age, 1)
+        item["dead"] = bool(dead_after) and age > dead_after
+        listed.append(item)
+    if as_json:
+        typer.echo(json.dumps(listed))
+        return
+    if not listed:
+        typer.echo("no workers registered")
+        return
+    typer.echo("ID\tHOST\tPID\tMODE\tQUEUE\tSTARTED\tHEARTBEAT\tJOB\tDONE\tVERSION")
+    for item, row in zip(listed, rows, strict=True):
+        beat = f"{item['heartbeat_age_s']:.0f} s ago" + (" DEAD" if item["dead"] else "")
+        job = "-" if row.current_job_id is None else str(row.current_job_id)
+        typer.echo(
+            f"{row.id}\t{row.host}\t{row.pid}\t{row.mode}\t{row.queue}\t{_stamp(row.started_at)}\t"
+            f"{beat}\t{job}\t{row.jobs_done}\t{row.version}"
+        )
+
+
+@app.command("metrics")
+def metrics_command(
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="Port of /metrics.")] = 9464,
+    addr: Annotated[str, typer.Option("--addr", help="Address to listen on.")] = "0.0.0.0",
+) -> None:
+    """Serve Prometheus /metrics for the queue until SIGTERM: the table read at each scrape, and the
+    workers' counters when they share PROMETHEUS_MULTIPROC_DIR with this process (needs bgq[metrics])."""
+    from .stopping import GracefulStop
+
+    queue = load_queue()
+    assert queue is not None
+    _ = queue.procs  # reach the database and check the install before serving
+    server = _serve_metrics(queue, port, addr)
+    typer.echo(f"serving metrics on http://{addr}:{port}/metrics", err=True)
+    with GracefulStop() as stop:
+        while not stop.requested:
+            time.sleep(0.2)
+    server.shutdown()
 
 
 @app.command("clear-finished")

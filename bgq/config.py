@@ -66,6 +66,9 @@ class Config:
     data_dir: str | None = None
     max_parameters_bytes: int = DEFAULT_MAX_PARAMETERS_BYTES
     clock: Callable[[], dt.datetime] | None = None
+    worker_heartbeat_interval: int = 5
+    worker_dead_after: int = 30
+    log_format: str = "text"
 
     def queue_name(self, sub_queue: str | None) -> str:
         """The job's queue: the base queue, or '<queue>_<sub_queue>'."""
@@ -177,6 +180,27 @@ def register_callback(
     return spec
 
 
+#: The log formats of option `log_format` and `bgq --log-format` (bgq/logfmt.py).
+LOG_FORMATS = ("text", "json")
+
+
+def _workers_options(opts: dict[str, Any]) -> None:
+    """worker_heartbeat_interval (s, at least 1), worker_dead_after (s, 0 = off, else more than
+    twice the interval, so one late heartbeat never reaps a live worker's job) and log_format."""
+    interval = opts.get("worker_heartbeat_interval", 5)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise ConfigError(f'Option "worker_heartbeat_interval" must be a positive integer, got {interval!r}.')
+    dead = _non_negative_int("worker_dead_after", opts.get("worker_dead_after", 30))
+    if dead and dead <= 2 * interval:
+        raise ConfigError(
+            f'Option "worker_dead_after" ({dead}) must be 0 (off) or more than twice '
+            f"worker_heartbeat_interval ({interval})."
+        )
+    fmt = opts.get("log_format", "text")
+    if fmt not in LOG_FORMATS:
+        raise ConfigError(f'Option "log_format" must be one of {", ".join(LOG_FORMATS)}, got {fmt!r}.')
+
+
 def build_config(**options: Any) -> Config:
     """Validate the keyword options of Queue(...) and return the Config."""
     fields = set(Config.__dataclass_fields__)
@@ -214,6 +238,7 @@ def build_config(**options: Any) -> Config:
             opts[name] = _non_negative_int(name, opts[name])
     if opts.get("stalled_job_backoff") is not None:
         opts["stalled_job_backoff"] = _non_negative_int("stalled_job_backoff", opts["stalled_job_backoff"])
+    _workers_options(opts)
     if not opts.get("waiting_job_expiration"):
         opts["waiting_job_expiration"] = 1000  # as in the original: 0 means the default
     notify = opts.get("notify_on_number_of_attempts")

@@ -9,8 +9,10 @@ from collections.abc import Sequence
 
 from .broker import DIE, BrokerError, Consumer, Delivery
 from .errors import BgqError, ConfigError
+from .model import WorkerMode
 from .parts import Parts
 from .stopping import GracefulStop
+from .workers import Registry
 
 #: Seconds one take() waits before the loop looks at its stop flag again.
 POLL_SECONDS = 1.0
@@ -30,6 +32,8 @@ def consume(
     log = queue.config.logger
     executor = queue.executor
     handled = 0
+    registry = Registry(queue, WorkerMode.CONSUME, base)  # listed in {table}_worker (bgq/workers.py)
+    registry.start()
     queue.reaper.start()  # stalled jobs are reaped without cron (bgq/reaper.py)
     try:
         while (jobs == 0 or handled < jobs) and not stop.requested and not executor.should_die:
@@ -60,6 +64,7 @@ def consume(
             handled += 1
     finally:
         queue.reaper.stop()
+        registry.stop()
         consumer.close()
     return 0
 

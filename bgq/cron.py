@@ -6,9 +6,10 @@ import time
 from dataclasses import dataclass, field
 
 from .errors import BgqError
-from .model import JobState
+from .model import JobState, WorkerMode
 from .parts import Parts
 from .work import run_until_idle
+from .workers import Registry
 
 PROCESS_LIMIT = 1000  # jobs per process() run, as in the original
 
@@ -32,10 +33,11 @@ def process(parts: Parts, *, max_runtime: float | None = None) -> ProcessReport:
     deadline = None if max_runtime is None else time.monotonic() + max_runtime
     report = ProcessReport()
     report.reaped = len(parts.reaper.run_once())
-    if parts.config.producer is None:
-        _claims_pass(parts, report, deadline)
-    else:
-        _broker_pass(parts, report, deadline)
+    with Registry(parts, WorkerMode.PROCESS, parts.config.queue):  # listed in {table}_worker
+        if parts.config.producer is None:
+            _claims_pass(parts, report, deadline)
+        else:
+            _broker_pass(parts, report, deadline)
     return report
 
 

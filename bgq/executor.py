@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 
-from . import aio, retry, runner
+from . import aio, metrics, retry, runner
 from . import params as params_codec
 from .config import Config
 from .errors import BgqError, SerializationError
@@ -38,6 +38,11 @@ class Executor:
         self.log = config.logger
         self.heartbeat = Heartbeat(config, store)  # the running job's proof of life (bgq/heartbeat.py)
         self.should_die = False
+        #: This process's id in {table}_worker while registered (bgq/workers.py), else None: the
+        #: claims store it in the jobs they claim (their p_worker_id).
+        self.worker_id: int | None = None
+        self.current_job_id: int | None = None  # the job whose callback runs now (the registry reports it)
+        self.jobs_done = 0  # jobs run by this process (the registry reports it)
 
     # --- one job by id ---
 
@@ -50,7 +55,13 @@ class Executor:
         claimed_at = time.monotonic()
         claim = self.retrying(
             lambda conn: self.store.procs.claim(
-                conn, job_id, cfg.queue, os.getpid(), cfg.waiting_job_expiration, metadata_json
+                conn,
+                job_id,
+                cfg.queue,
+                os.getpid(),
+                cfg.waiting_job_expiration,
+                metadata_json,
+                worker_id=self.worker_id,
             )
         )
         if on_claimed is not None:
@@ -133,7 +144,41 @@ class Executor:
         return retry.in_transaction(self.store.database, call, tries=CLAIM_TRIES)
 
     def run(self, job_id: int, claim: ClaimResult) -> Outcome:
-        """The callback, with the queue's hooks (bgq/runner.py): its outcome, never an exception."""
+        """The callback, with the queue's hooks (bgq/runner.py): its outcome, never an exception.
+        Counted for the worker registry and the metrics, and logged at INFO with the job's fields
+        (`extra`: job_id, callback, queue, group, attempt, outcome, duration_ms; bgq/logfmt.py)."""
+        self.current_job_id = job_id
+        started = time.monotonic()
+        try:
+            outcome = self._run(job_id, claim)
+        finally:
+            self.current_job_id = None
+            self.jobs_done += 1
+        seconds = time.monotonic() - started
+        queue, callback = claim.queue or self.config.queue, claim.callback_name or ""
+        fields = {
+            "job_id": job_id,
+            "callback": callback,
+            "queue": queue,
+            "group": claim.serial_group,
+            "attempt": claim.attempt,
+            "outcome": outcome.state.name.lower(),
+            "duration_ms": round(seconds * 1000, 3),
+        }
+        self.log.info(f"bgq: Job ran: {fields['outcome']}. (ID: {job_id})", extra=fields)
+        if metrics.enabled():
+            metrics.record_job(queue, callback, outcome.state, seconds, self._wait(job_id))
+        return outcome
+
+    def _wait(self, job_id: int) -> float | None:
+        """The job's wait (first claim minus due time) for the metrics; None on a database error."""
+        try:
+            with self.store.database.transaction() as conn:
+                return self.store.procs.job_wait_seconds(conn, job_id)
+        except BgqError:
+            return None
+
+    def _run(self, job_id: int, claim: ClaimResult) -> Outcome:
         cfg = self.config
         spec = cfg.callbacks.get(claim.callback_name or "")
         if spec is None:

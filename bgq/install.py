@@ -285,5 +285,7 @@ def uninstall(db: Database, table: str) -> None:
         if db.dialect.name == "mysql":  # a migration's helper that a failed run left behind
             for migration in SqlFiles.load("mysql").migrations:
                 procs.run(conn, [f"DROP PROCEDURE IF EXISTS {migration.helper(table)}"])
-        procs.run(conn, [f"DROP TABLE IF EXISTS {table}{suffix}" for suffix in ("_meta", "_group", "")])
+        procs.run(
+            conn, [f"DROP TABLE IF EXISTS {table}{suffix}" for suffix in ("_meta", "_group", "_worker", "")]
+        )
         procs.run(conn, [db.dialect.drop_sql(table, "notify", True)])  # PostgreSQL's insert trigger

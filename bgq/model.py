@@ -158,3 +158,40 @@ class StuckJobs:
     state: int
     job_count: int
     oldest_since: dt.datetime | None
+
+
+# --- workers and metrics (bgq/workers.py, bgq/metrics.py) ---
+
+
+class WorkerMode(StrEnum):
+    """The command a registered worker runs (mirroring {table}_worker's mode CHECK)."""
+
+    WORK = "work"
+    CONSUME = "consume"
+    PROCESS = "process"
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    """One row of {table}_worker: a running (or dead, not yet reaped) worker process."""
+
+    id: int
+    host: str
+    pid: int
+    mode: str
+    queue: str
+    started_at: dt.datetime
+    last_heartbeat_at: dt.datetime
+    current_job_id: int | None
+    jobs_done: int
+    version: str
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """What the metrics read from the tables at scrape time (bgq/procs.py table_stats)."""
+
+    now: dt.datetime  # the server's clock
+    jobs: list[tuple[str, int, int, dt.datetime]]  # (queue, state, count, oldest created_at)
+    groups_blocked: dict[str, int]  # queue -> serial groups held up behind a failed job
+    workers: dict[str, int]  # mode -> registered workers

@@ -14,7 +14,19 @@ from sqlalchemy.engine import Connection
 from .config import read_clock
 from .db import Database, InstalledRoutine, Proc
 from .errors import JobNotFoundError
-from .model import Claimed, ClaimResult, FinishResult, GroupHead, JobRef, JobResult, NewJob, Reaped, StuckJobs
+from .model import (
+    Claimed,
+    ClaimResult,
+    FinishResult,
+    GroupHead,
+    JobRef,
+    JobResult,
+    NewJob,
+    Reaped,
+    StuckJobs,
+    TableStats,
+    WorkerRow,
+)
 
 if TYPE_CHECKING:
     from .db.aio_postgres import AsyncPostgres
@@ -114,6 +126,32 @@ MONITOR = Proc("monitor", (("p_queue", "varchar"), ("p_long_s", "integer"), ("p_
 CLEAR_FINISHED = Proc(
     "clear_finished", (("p_queue", "varchar"), ("p_before", "timestamptz"), ("p_now", "timestamptz"))
 )
+WORKER_REGISTER = Proc(
+    "worker_register",
+    (
+        ("p_host", "varchar"),
+        ("p_pid", "integer"),
+        ("p_mode", "varchar"),
+        ("p_queue", "varchar"),
+        ("p_version", "varchar"),
+        ("p_now", "timestamptz"),
+    ),
+)
+WORKER_HEARTBEAT = Proc(
+    "worker_heartbeat",
+    (("p_id", "bigint"), ("p_current_job_id", "bigint"), ("p_jobs_done", "bigint"), ("p_now", "timestamptz")),
+)
+WORKER_DEREGISTER = Proc("worker_deregister", (("p_id", "bigint"),))
+WORKER_REAP = Proc(
+    "worker_reap",
+    (
+        ("p_queue", "varchar"),
+        ("p_dead_after_s", "integer"),
+        ("p_limit", "integer"),
+        ("p_backoff_ms", "integer"),
+        ("p_now", "timestamptz"),
+    ),
+)
 #: Every installed routine, in install order (schema.sql comes first).
 ALL_PROCS: tuple[Proc, ...] = (
     PREDECESSOR,
@@ -135,6 +173,10 @@ ALL_PROCS: tuple[Proc, ...] = (
     MONITOR,
     CLEAR_FINISHED,
     RUN_NOW,
+    WORKER_REGISTER,
+    WORKER_HEARTBEAT,
+    WORKER_DEREGISTER,
+    WORKER_REAP,
 )
 #: Called by the other procedures only, never by Python; installed all the same.
 INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()), Proc("claim_job", ()), Proc("finish_results", ()))
@@ -444,6 +486,108 @@ class Procs:
         """Delete the queue's FINISHED jobs (created_at <= before, if given); the number deleted."""
         (row,) = self._call(conn, CLEAR_FINISHED, queue, before, now)
         return int(row["deleted"])
+
+    # --- workers (bgq/workers.py) and the metrics' table read (bgq/metrics.py) ---
+
+    def worker_register(
+        self, conn: Connection, host: str, pid: int, mode: str, queue: str, version: str,
+        now: dt.datetime | None = None,
+    ) -> int:  # fmt: skip
+        """Register a worker process; its id."""
+        (row,) = self._call(conn, WORKER_REGISTER, host, pid, mode, queue, version, now)
+        return int(row["id"])
+
+    def worker_heartbeat(
+        self, conn: Connection, worker_id: int, current_job_id: int | None, jobs_done: int,
+        now: dt.datetime | None = None,
+    ) -> bool:  # fmt: skip
+        """Refresh the worker's row; False when it no longer exists (reaped as dead)."""
+        (row,) = self._call(conn, WORKER_HEARTBEAT, worker_id, current_job_id, jobs_done, now)
+        return bool(row["alive"])
+
+    def worker_deregister(self, conn: Connection, worker_id: int) -> bool:
+        """Remove the worker's row at its clean exit; False when it was gone already."""
+        (row,) = self._call(conn, WORKER_DEREGISTER, worker_id)
+        return bool(row["removed"])
+
+    def worker_reap(
+        self, conn: Connection, queue: str, dead_after_s: int, limit: int, now: dt.datetime | None = None,
+        *, backoff_ms: int | None = None,
+    ) -> list[Reaped]:  # fmt: skip
+        """Reap the PROCESSING jobs of workers silent for `dead_after_s`, then remove those workers."""
+        rows = self._call(conn, WORKER_REAP, queue, dead_after_s, limit, backoff_ms, now)
+        return [Reaped(**{**r, "stalled_since": _utc(r["stalled_since"])}) for r in rows]
+
+    def workers(self, conn: Connection, queue: str) -> list[WorkerRow]:
+        """The registered workers of the queue and its sub-queues, in id order."""
+        rows = conn.exec_driver_sql(
+            f"SELECT id, host, pid, mode, queue, started_at, last_heartbeat_at, current_job_id, jobs_done,"
+            f" version FROM {self.table}_worker WHERE {_IN_QUEUE} ORDER BY id",
+            (queue, _sub_queues(queue)),
+        ).mappings()
+        return [
+            WorkerRow(
+                **{
+                    **r,
+                    "started_at": _utc(r["started_at"]),
+                    "last_heartbeat_at": _utc(r["last_heartbeat_at"]),
+                }
+            )
+            for r in rows
+        ]
+
+    def table_stats(self, conn: Connection, queue: str) -> TableStats:
+        """What the metrics read at scrape time, in one transaction: jobs per (queue, state) with the
+        oldest created_at, serial groups held up behind a failed job (TEMPORARILY_FAILED or
+        BROKER_FAILED, with jobs of the group waiting: -1, 1, 6), workers per mode, and the server's
+        clock. A full pass over the queue's jobs: scrape every 15 s or slower on a large table."""
+        args = (queue, _sub_queues(queue))
+        jobs = conn.exec_driver_sql(
+            f"SELECT queue, state, COUNT(*) AS job_count, MIN(created_at) AS oldest FROM {self.table}"
+            f" WHERE {_IN_QUEUE} GROUP BY queue, state",
+            args,
+        ).all()
+        blocked = conn.exec_driver_sql(
+            f"SELECT f.queue, COUNT(DISTINCT f.serial_group) FROM {self.table} f"
+            f" WHERE {_IN_QUEUE.replace('queue', 'f.queue')} AND f.state IN (4, 8)"
+            " AND f.serial_group IS NOT NULL AND EXISTS (SELECT 1 FROM"
+            f" {self.table} w WHERE w.serial_group = f.serial_group AND w.state IN (-1, 1, 6))"
+            " GROUP BY f.queue",
+            args,
+        ).all()
+        workers = conn.exec_driver_sql(
+            f"SELECT mode, COUNT(*) FROM {self.table}_worker WHERE {_IN_QUEUE} GROUP BY mode", args
+        ).all()
+        now = conn.exec_driver_sql(f"SELECT {self.db.dialect.now_sql()}").scalar_one()
+        return TableStats(
+            now=_utc(now),
+            jobs=[(q, int(st), int(n), _utc(oldest)) for q, st, n, oldest in jobs],
+            groups_blocked={q: int(n) for q, n in blocked},
+            workers={m: int(n) for m, n in workers},
+        )
+
+    def job_wait_seconds(self, conn: Connection, job_id: int) -> float | None:
+        """A job's first claim (last_attempt_at) minus its due time (created_at + postponed_by), in
+        seconds; None after the first attempt (a retry's due time is gone once it is claimed)."""
+        row = conn.exec_driver_sql(
+            f"SELECT created_at, last_attempt_at, postponed_by, number_of_attempts FROM {self.table}"
+            " WHERE id = %s",
+            (job_id,),
+        ).first()
+        if row is None or row[1] is None or row[3] != 1:
+            return None
+        due = _utc(row[0]) + dt.timedelta(milliseconds=row[2] or 0)
+        return max(0.0, (_utc(row[1]) - due).total_seconds())
+
+
+#: The queue filter of the plain reads: the queue or one of its sub-queues (as in_queue() of the
+#: SQL rules; a LIKE pattern whose wildcards are escaped).
+_IN_QUEUE = "(queue = %s OR queue LIKE %s)"
+
+
+def _sub_queues(queue: str) -> str:
+    escaped = queue.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "\\_%"
 
 
 def _results_json(results: Sequence[JobResult]) -> str | None:

@@ -25,7 +25,7 @@ from .config import Config, build_config, register_callback
 from .db import Database
 from .errors import ConfigError
 from .executor import Executor
-from .model import JobRef, Mode
+from .model import JobRef, Mode, WorkerRow
 from .procs import Procs
 from .publisher import Bulk, Publisher
 from .reaper import Reaper
@@ -69,6 +69,11 @@ class Queue:
       max_parameters_bytes         largest encoded parameters publish accepts (1 MiB); larger: PublishError
       clock                        a callable returning an aware datetime: bgq's time, passed as p_now to
                                    every procedure and written as created_at (None: the database's clock)
+      worker_heartbeat_interval    s between two heartbeats of a worker process's {table}_worker row (5)
+      worker_dead_after            s without such a heartbeat before the worker counts as dead and its
+                                   PROCESSING jobs are reaped (30; 0 = off; more than 2 x the interval)
+      log_format                   "text" or "json" (one JSON object per line): what the CLI logs in
+                                   when --log-format is not given (bgq/logfmt.py)
     """
 
     def __init__(self, **options: Any) -> None:
@@ -303,6 +308,10 @@ class Queue:
     def run_now(self, job_id: int, reason: str) -> JobRef:
         """Clear a READY or TEMPORARILY_FAILED job's postponement: it is due at once."""
         return self.admin.run_now(job_id, reason)
+
+    def workers(self) -> list[WorkerRow]:
+        """The registered worker processes of this queue (`bgq workers`; bgq/workers.py)."""
+        return self.admin.workers()
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:
         """The job's row, for people and tests."""

@@ -7,7 +7,9 @@ rows another transaction holds (FOR UPDATE SKIP LOCKED), so a pass never waits; 
 reaped by a later pass. Cron mode calls `run_once()` in each `process()` run; continuous workers
 `start()` a thread that calls it every REAP_INTERVAL seconds (jittered, so many workers do not
 reap in step), so stall recovery takes at most stalled_job_timeout + 1.5 * REAP_INTERVAL with any
-mix of workers, cron or none.
+mix of workers, cron or none. Each pass also reaps the jobs of dead workers (bgq/workers.py:
+their {table}_worker row has not been heartbeated for worker_dead_after seconds), so a killed
+worker's job comes back within worker_dead_after + 1.5 * REAP_INTERVAL.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import random
 import threading
 from typing import TYPE_CHECKING
 
+from . import metrics
 from .config import Config
 from .errors import BgqError
 from .sender import Sender
@@ -47,26 +50,39 @@ class Reaper:
         self._thread: threading.Thread | None = None
 
     def run_once(self, now: dt.datetime | None = None) -> list[Reaped]:
-        """Reap the queue's stalled jobs (and its sub-queues'); the jobs reaped. `now`: the clock
-        (None: the server's). Nothing happens when stalled_job_timeout is 0."""
+        """Reap the queue's stalled jobs (and its sub-queues'), then the jobs of dead workers
+        ({table}_worker_reap: their worker's heartbeat is older than worker_dead_after); the jobs
+        reaped. `now`: the clock (None: the server's). Each pass is off when its option is 0."""
         cfg, store = self.config, self.store
-        if not cfg.stalled_job_timeout:
-            return []
         backoff = cfg.stalled_job_backoff
         backoff_ms = None if backoff is None else backoff * 1000
-        with store.database.transaction() as conn:
-            reaped = store.procs.reap(
-                conn, cfg.queue, cfg.stalled_job_timeout, self.limit, now, backoff_ms=backoff_ms
-            )
-        for job in reaped:
-            cfg.logger.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
-            self.sender.send_job(job.id)
-        return reaped
+        reaped: list[Reaped] = []
+        if cfg.stalled_job_timeout:
+            with store.database.transaction() as conn:
+                reaped = store.procs.reap(
+                    conn, cfg.queue, cfg.stalled_job_timeout, self.limit, now, backoff_ms=backoff_ms
+                )
+            for job in reaped:
+                cfg.logger.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
+                self.sender.send_job(job.id)
+        dead: list[Reaped] = []
+        if cfg.worker_dead_after:
+            with store.database.transaction() as conn:
+                dead = store.procs.worker_reap(
+                    conn, cfg.queue, cfg.worker_dead_after, self.limit, now, backoff_ms=backoff_ms
+                )
+            for job in dead:
+                cfg.logger.critical(f"bgq: Dead worker's job reaped. (ID: {job.id}, PID {job.pid})")
+                self.sender.send_job(job.id)
+        metrics.record_reaped(cfg.queue, len(reaped) + len(dead))
+        return reaped + dead
 
     def start(self) -> None:
         """Reap on a daemon thread of its own until stop(); a failed pass is logged and retried
-        at the next one. A no-op when stalled_job_timeout is 0 or the thread runs already."""
-        if not self.config.stalled_job_timeout or self._thread is not None:
+        at the next one. A no-op when stalled_job_timeout and worker_dead_after are 0 or the
+        thread runs already."""
+        cfg = self.config
+        if not (cfg.stalled_job_timeout or cfg.worker_dead_after) or self._thread is not None:
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="bgq-reaper", daemon=True)

@@ -41,10 +41,11 @@ from dataclasses import dataclass
 from sqlalchemy.engine import Connection
 
 from .errors import BgqError, ConfigError
-from .model import Claimed, FinishResult, JobResult, JobState, Outcome
+from .model import Claimed, FinishResult, JobResult, JobState, Outcome, WorkerMode
 from .parts import Parts
 from .procs import Listener
 from .stopping import GracefulStop
+from .workers import Registry
 
 BATCH_MAX = 100  # jobs one claim takes at most (`bgq work --batch`)
 BATCH_BUDGET = 0.05  # seconds of work one claim should hold
@@ -156,7 +157,8 @@ class _Worker:
         """Work until stopped; the number of jobs run. Stalled jobs are reaped on a thread of the
         worker's own meanwhile (bgq/reaper.py), so no cron is needed for that."""
         self.store.procs  # noqa: B018 (checks the install in a transaction of its own, first)
-        with self.store.database.pinned():
+        mode = WorkerMode.WORK if self.limit is None else WorkerMode.PROCESS
+        with self.store.database.pinned(), Registry(self.queue, mode, self.base):  # bgq/workers.py
             self.queue.reaper.start()  # once the database answered: a worker that cannot connect
             try:  # fails once, not once per thread
                 self._loop()
@@ -266,7 +268,15 @@ class _Worker:
         procs, waiting_ms = self.store.procs, self.queue.config.waiting_job_expiration
         jobs = self.executor.retrying(
             lambda conn: procs.claim_batch(
-                conn, self.base, size, self.pid, self.low, self.high, waiting_ms, max_heads=1
+                conn,
+                self.base,
+                size,
+                self.pid,
+                self.low,
+                self.high,
+                waiting_ms,
+                max_heads=1,
+                worker_id=self.executor.worker_id,
             )
         )
         self._hold(jobs, started)
@@ -332,7 +342,15 @@ class _Worker:
             if group is None:
                 return procs.finish_batch(conn, results), []
             return procs.hand_off(
-                conn, results, group, self.base, self.pid, self.low, self.high, cfg.waiting_job_expiration
+                conn,
+                results,
+                group,
+                self.base,
+                self.pid,
+                self.low,
+                self.high,
+                cfg.waiting_job_expiration,
+                worker_id=executor.worker_id,
             )
 
         failure = (

@@ -111,6 +111,7 @@ class Installed:
     def clear(self) -> None:
         self.sql("DELETE FROM {t}")
         self.sql("DELETE FROM {t}_group")
+        self.sql("DELETE FROM {t}_worker")
 
     def drop(self) -> None:
         uninstall(self.db, self.table)

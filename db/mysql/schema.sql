@@ -1,7 +1,7 @@
 -- bgq schema, MySQL 8 / MariaDB 10.11.
 --
 -- {{ table }} is replaced by the configured table name (validated as a plain identifier) by
--- `bgq install-procs`. Three tables:
+-- `bgq install-procs`. Four tables:
 --   {{ table }}        the jobs; the source of truth.
 --   {{ table }}_group  one row per serial group ever claimed: the group's transactional lock (a
 --                      claim or finish locks it FOR UPDATE, so exclusion ends with the transaction)
@@ -9,6 +9,10 @@
 --                      finds every group's head without scanning waiting jobs.
 --   {{ table }}_meta   the installed procedure version and checksum, and one row per applied
 --                      migration (migrations/).
+--   {{ table }}_worker one row per running `bgq work` / `bgq consume` / `bgq process` process
+--                      (bgq/workers.py): registered at its start, heartbeated, removed at a clean
+--                      exit; a row whose heartbeat is older than worker_dead_after is a dead
+--                      worker, whose PROCESSING jobs {{ table }}_worker_reap takes back.
 -- This is the head schema: `bgq install-procs` runs it for a table that does not exist yet and
 -- records every migration as applied; an existing table gets the pending migrations in
 -- migrations/ instead, never this file. A change here needs its migration (tests/test_migrations.py
@@ -35,6 +39,24 @@ CREATE TABLE IF NOT EXISTS {{ table }}_meta (
     name VARCHAR(64) NOT NULL,
     value VARCHAR(255) NOT NULL,
     PRIMARY KEY (name)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
+
+-- Workers (migrations/0003_workers.sql). mode: 'work', 'consume' or 'process'. current_job_id is
+-- a hint for people (the job's own worker_id is what the reaper reads).
+CREATE TABLE IF NOT EXISTS {{ table }}_worker (
+    id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
+    host VARCHAR(255) NOT NULL,
+    pid INT NOT NULL,
+    mode VARCHAR(16) NOT NULL,
+    queue VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+    started_at DATETIME(6) NOT NULL,
+    last_heartbeat_at DATETIME(6) NOT NULL,
+    current_job_id BIGINT UNSIGNED NULL,
+    jobs_done BIGINT NOT NULL DEFAULT 0,
+    version VARCHAR(64) NOT NULL,
+    PRIMARY KEY (id),
+    KEY {{ table }}_worker_heartbeat (last_heartbeat_at),
+    CONSTRAINT {{ table }}_worker_mode_check CHECK (mode IN ('work', 'consume', 'process'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
 
 CREATE TABLE IF NOT EXISTS {{ table }} (

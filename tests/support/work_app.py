@@ -5,6 +5,7 @@ Configured by environment variables (set by tests/test_work*.py):
   BGQ_TEST_WORK_LEDGER                   the ledger table the callbacks write start/end events to
   BGQ_TEST_WORK_STALLED                  stalled_job_timeout (default 3600)
   BGQ_TEST_WORK_BROKER                   if set, a (dummy) producer: a broker-mode queue
+  BGQ_TEST_WORK_BEAT, BGQ_TEST_WORK_DEAD_AFTER  worker_heartbeat_interval, worker_dead_after (5, 30)
 
 The ledger (one row per event, `seq` in commit order) is what the tests read: a callback writes
 'start' before its work and 'end' after it, each in its own committed transaction, so for two
@@ -90,16 +91,23 @@ def slow_once(token: str, grp: str | None = None, seconds: float = 30.0) -> None
     ledger(token, grp, 0.001 if ran_before else seconds)
 
 
+def fail(*_args: Any) -> None:
+    """A job that fails for good (a programming error: TypeError)."""
+    raise TypeError("tests.support.work_app:fail always fails")
+
+
 def queue() -> Queue:
     """The factory `--app tests.support.work_app:queue` calls; it logs a 'ready' event for its process."""
     built = Queue(
-        callbacks={"ledger": ledger, "slow_once": slow_once, "noop": lambda *a, **k: None},
+        callbacks={"ledger": ledger, "slow_once": slow_once, "noop": lambda *a, **k: None, "fail": fail},
         database_url=os.environ["BGQ_TEST_WORK_URL"],
         table_name=os.environ["BGQ_TEST_WORK_TABLE"],
         queue="general",
         priorities=[1, 2, 3],
         stalled_job_timeout=int(os.environ.get("BGQ_TEST_WORK_STALLED", "3600")),
         producer=object() if os.environ.get("BGQ_TEST_WORK_BROKER") else None,  # bgq work refuses it
+        worker_heartbeat_interval=int(os.environ.get("BGQ_TEST_WORK_BEAT", "5")),
+        worker_dead_after=int(os.environ.get("BGQ_TEST_WORK_DEAD_AFTER", "30")),
     )
     if os.environ.get("BGQ_TEST_WORK_LEDGER"):
         write("ready", "-")
