@@ -1,4 +1,4 @@
-"""The `bgq` command line (typer): install-procs, process, work, consume, monitor, requeue, workers, metrics, web, demo."""
+"""The `bgq` command line (typer): install-procs, the worker modes, monitoring, admin, web, demo."""
 
 from __future__ import annotations
 
