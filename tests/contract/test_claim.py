@@ -465,7 +465,9 @@ def test_second_claimer_of_a_group_blocks_until_the_first_ends(installed, a_ends
 
 
 @pytest.mark.dialect_differs(
-    mysql=True, postgres=False, reason="InnoDB's duplicate check on running_group takes a gap lock"
+    mysql={True, False},
+    postgres={False},
+    reason="InnoDB's duplicate check on running_group may take a gap lock, while the purge lags",
 )
 def test_claims_of_different_groups_never_wait_for_each_other(installed, dialect_expects):
     """The group lock is per group (checklist 55), also right after the group ran a job.
@@ -474,8 +476,9 @@ def test_claims_of_different_groups_never_wait_for_each_other(installed, dialect
 
     Dialect exception (InnoDB): the duplicate check of the unique index on running_group takes a
     gap lock beside group g's old, not yet purged entry, so a claim of a neighbouring group h may
-    wait for g's *claim transaction* to end. bgq commits every claim at once (microseconds), and h
-    never waits for g's group lock or g's running job; it is claimed as soon as g's claim commits.
+    wait for g's *claim transaction* to end (whether it does depends on how far the purge has got,
+    so both are allowed there). bgq commits every claim at once (microseconds), and h never waits
+    for g's group lock or g's running job; it is claimed as soon as g's claim commits.
     """
     g = f"g-{uuid.uuid4().hex}"
     h = f"{g}-h"
@@ -489,8 +492,8 @@ def test_claims_of_different_groups_never_wait_for_each_other(installed, dialect
             other = run(claim, installed, job_h)
             blocked = blocked_or_done(installed, other)
             conn_a.commit()
-        result = other.result(timeout=60)
-    assert blocked == dialect_expects, "whether the claim of group h waited for the open claim of group g"
+        result = other.result(timeout=5)  # g's claim has committed: nothing holds h now
+    assert blocked in dialect_expects, "whether the claim of group h waited for the open claim of group g"
     assert result.outcome == "claimed"
     assert states(installed, job_g, job_h) == [2, 2]
 

@@ -495,13 +495,13 @@ def _edited(lines: list[str], old: str, new: str) -> list[str]:
     [
         ("   p_pid ", "\0", "parameter lines"),  # a parameter line left out
         ("   p_limit ", "   p_limits ", "parameter lines"),  # a misspelt parameter
-        ("   p_group ", "   p_max_heads ", "parameter lines"),  # two lines for one, none for another
+        ("   p_waiting_ms ", "   p_max_heads ", "parameter lines"),  # two lines for one, none for another
         (
             "(DATETIME(6), UTC)",
             "(DATETIME, UTC)",
             "p_now's line names the type DATETIME, declared DATETIME(6)",
         ),
-        ("   p_results ", "   p_results OUT: ", "p_results is IN but its line has 'OUT:'"),
+        ("   p_worker_id ", "   p_worker_id OUT: ", "p_worker_id is IN but its line has 'OUT:'"),
     ],
 )
 def test_a_wrong_parameter_line_in_a_copy_of_a_header_is_caught(old, new, problem):

@@ -111,15 +111,18 @@ def test_installed_version_is_recorded(installed):
 
 
 @pytest.mark.dialect_differs(
-    mysql=True, postgres=False, reason="InnoDB's duplicate check on running_group takes a gap lock"
+    mysql={True, False},
+    postgres={False},
+    reason="InnoDB's duplicate check on running_group may take a gap lock, while the purge lags",
 )
 def test_publish_never_waits_for_a_claim_in_progress(installed, dialect_expects):
     """A publish (insert) must not queue behind a worker's open claim of a group that ran before.
 
     Dialect exception (InnoDB): the unique index on running_group takes a gap lock in its duplicate
     check beside the group's old, not yet purged entry, and a new row's NULL key can fall into that
-    gap, so on MySQL the insert waits for the claim *transaction* (bgq commits it at once). It
-    never waits for the job itself: it completes as soon as the claim commits.
+    gap, so on MySQL the insert may wait for the claim *transaction* (bgq commits it at once);
+    whether it does depends on how far the purge has got, so both are allowed there. On both
+    dialects it never waits for the job itself: it completes as soon as the claim commits.
     """
     with old_snapshot(installed):  # a long reader elsewhere keeps old row versions
         earlier = new_job(installed, group="g")
@@ -130,6 +133,6 @@ def test_publish_never_waits_for_a_claim_in_progress(installed, dialect_expects)
             publish = run(new_job, installed, group="other")
             blocked = blocked_or_done(installed, publish)
             worker.commit()
-        published = publish.result(timeout=60)
-    assert blocked == dialect_expects, "whether the insert of a new job waited for an open claim"
+        published = publish.result(timeout=5)  # the claim has committed: nothing holds it now
+    assert blocked in dialect_expects, "whether the insert of a new job waited for an open claim"
     assert state(installed, published) == 1
