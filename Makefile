@@ -14,7 +14,7 @@ CHAOS_ARGS  ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,embedded]'
+	$(BIN)/pip install --quiet -e '.[dev,embedded,schedules]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -32,6 +32,7 @@ def process(parts: Parts, *, max_runtime: float | None = None) -> ProcessReport:
     deadline = None if max_runtime is None else time.monotonic() + max_runtime
     report = ProcessReport()
     report.reaped = len(parts.reaper.run_once())
+    parts.scheduler.tick()  # fires due schedules (the claims pass ticks again while it runs)
     if parts.config.producer is None:
         _claims_pass(parts, report, deadline)
     else:

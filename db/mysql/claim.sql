@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim, version 2 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_claim, version 3 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_claim(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_now)
@@ -13,6 +13,7 @@
 --                   'waiting'    a predecessor exists: the job is WAITING (conditional write);
 --                   'redundant'  UNIQUE job with an older row of its identifier: REDUNDANT;
 --                   'locked'     the group row stayed locked for 3 s: nothing changed;
+--                   'paused'     its queue or group is paused ({{ table }}_pause): nothing changed;
 --                   'missing'    no such job in this queue;
 --                   'skipped'    FINISHED or REDUNDANT already (an expected duplicate);
 --                   'unexpected' PROCESSING or PERMANENTLY_FAILED: nothing changed.

@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_job, version 2 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_claim_job, version 3 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_claim_job(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_now,
@@ -97,6 +97,14 @@ BEGIN
         END IF;
         IF o_state NOT IN (-1, 1, 4, 6, 8) THEN
             SET o_outcome = 'unexpected';
+            LEAVE body;
+        END IF;
+        -- A paused queue or group (macros/rules.sql not_paused): nothing changes.
+        IF NOT EXISTS (
+            SELECT 1 FROM {{ table }} AS j
+            WHERE j.id = p_id AND {{ not_paused('j') }}
+        ) THEN
+            SET o_outcome = 'paused';
             LEAVE body;
         END IF;
 

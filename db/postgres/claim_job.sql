@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_job, version 2 (PostgreSQL 15)
+-- bgq {{ table }}_claim_job, version 3 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_claim_job(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_now)
@@ -79,6 +79,11 @@ BEGIN
         END IF;
         IF o_state NOT IN (-1, 1, 4, 6, 8) THEN
             o_outcome := 'unexpected';
+            EXIT body;
+        END IF;
+        -- A paused queue or group (macros/rules.sql not_paused): nothing changes.
+        IF NOT EXISTS (SELECT 1 FROM {{ table }} AS j WHERE j.id = p_id AND {{ not_paused('j') }}) THEN
+            o_outcome := 'paused';
             EXIT body;
         END IF;
 
