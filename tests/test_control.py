@@ -1,4 +1,4 @@
-"""Pause and resume (queues, groups), cancel and abort (waiting and running jobs, zombies), on both dialects."""
+"""Pause and resume (queues, groups), cancel and abort (waiting, running and zombie jobs), both dialects."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ def unpause(installed):
 # --- pause and resume ---
 
 
-def test_a_paused_group_starts_nothing_and_after_resume_runs_in_priority_id_order(make_queue, installed, unpause):
+def test_a_paused_group_starts_nothing_and_after_resume_runs_in_priority_id_order(
+    make_queue, installed, unpause
+):
     ran: list[str] = []
     queue = make_queue(callbacks={"job": lambda name: ran.append(name)}, priorities=[1, 2])
     # The canonical order case: a1 b1 c2 d1 e1 f2 g1 -> a b d e g c f.
@@ -88,7 +90,10 @@ def test_a_paused_queue_is_claimed_in_no_mode(make_queue, installed, unpause):
 def test_pausing_a_queue_pauses_its_sub_queues_and_nothing_else(make_queue, installed, unpause):
     ran: list[str] = []
     queue = make_queue(
-        callbacks={"job": lambda name: ran.append(name), "sub": {"callback": lambda name: ran.append(name), "queue": "s"}}
+        callbacks={
+            "job": lambda name: ran.append(name),
+            "sub": {"callback": lambda name: ran.append(name), "queue": "s"},
+        }
     )
     queue.publish("sub", ["in sub-queue"])
     other = make_queue(callbacks={"job": lambda name: ran.append(name)}, queue="generalx")
@@ -105,9 +110,8 @@ def test_bad_pause_targets_are_refused_before_anything_is_written(make_queue, in
         queue.pause("x", group="g", queue="q")
     with pytest.raises(bgq.ConfigError):
         queue.pause("x", group="")
-    with pytest.raises(bgq.DatabaseError):  # the procedure's own check, for a DBA's console
-        with queue.database.transaction() as conn:
-            queue.procs.pause(conn, "host", "h", "x", None)
+    with pytest.raises(bgq.DatabaseError), queue.database.transaction() as conn:  # the procedure's check
+        queue.procs.pause(conn, "host", "h", "x", None)
     assert queue.paused() == []
 
 
@@ -215,7 +219,9 @@ def test_aborting_a_running_cooperative_job_stops_it_within_one_heartbeat(make_q
     assert not worker.is_alive()
     latency = seen["aborted_at"] - cancelled_at
     with capsys.disabled():
-        print(f"\n[abort latency, {installed.db.dialect.name}] {latency * 1000:.0f} ms (heartbeat every 0.1 s)")
+        print(
+            f"\n[abort latency, {installed.db.dialect.name}] {latency * 1000:.0f} ms (heartbeat every 0.1 s)"
+        )
     assert latency < 1.0  # one heartbeat is 0.1 s plus its write
     assert "Cancelled: operator stop" in seen["message"]
     row = _row(installed, job)
