@@ -176,7 +176,9 @@ class Queue:
     def process_job(self, job_id: int, on_claimed: Callable[[], None] | None = None) -> str:
         """Claim one job, run its callback and write its result. Returns the claim's outcome.
 
-        Outcomes: claimed (it ran), waiting, redundant, locked, missing, skipped, unexpected, and
+        Outcomes: claimed (it ran), waiting, redundant, locked, paused (its queue or group is
+        paused: nothing changed; in broker mode the id is sent back with a delay), missing, skipped,
+        unexpected, and
         taken_over: the claim was older than half of stalled_job_timeout when the callback was to
         start (this process was frozen or slow) and had been reaped meanwhile, so the callback did
         not run here. `on_claimed` runs once the claim (or its refusal) is committed, before the
