@@ -330,3 +330,30 @@ def test_the_heartbeat_reports_an_abort_for_the_current_attempt_only(make_queue,
     with queue.database.transaction() as conn:
         beat = procs.beat(conn, job, 2)
     assert (beat.alive, beat.abort_requested) == (True, False)
+
+
+def test_broker_mode_a_paused_jobs_message_comes_back_delayed_and_runs_after_resume(
+    broker_queue, rabbit, installed, unpause
+):
+    from bgq.consumer import consume
+    from bgq.stopping import GracefulStop
+
+    ran: list[str] = []
+    queue = broker_queue(callbacks={"job": lambda name: ran.append(name)})
+    job = queue.publish("job", ["paused one"], serial_group="bg")
+    queue.pause("broker test", group="bg")
+    assert rabbit.bodies(f"{rabbit.base}_1") == [str(job)]  # the consumer's delivery, taken by hand
+    assert queue.process_job(job) == "paused"  # what the consumer does with it
+    assert state_of(installed, job) == JobState.READY and ran == []
+    assert rabbit.count(f"{rabbit.base}_1_5000") == 1  # sent back, due again in 5 s
+
+    queue.resume(group="bg")
+    stop = GracefulStop()
+    consumer = threading.Thread(target=consume, args=(queue, None, 0, [1, 2, 3], stop), daemon=True)
+    consumer.start()
+    try:
+        _wait(lambda: state_of(installed, job) == JobState.FINISHED, timeout=30)
+    finally:
+        stop.requested = True
+        consumer.join(15)
+    assert ran == ["paused one"]

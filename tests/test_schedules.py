@@ -270,3 +270,40 @@ def test_cli_schedules_pause_resume_cancel_and_monitor(make_queue, installed, cl
         assert cli("cancel", "999999999", "--reason", "x").returncode == 1
     finally:
         installed.sql("DELETE FROM {t}_paused")
+
+
+def test_bgq_process_fires_due_schedules_and_runs_their_jobs_in_the_same_pass(
+    make_queue, installed, clean_schedules
+):
+    ran = []
+    queue = make_queue(callbacks={"beat": lambda: ran.append(time.time())})
+    queue.schedule("each-second", "* * * * * *", "beat")
+    queue.process()  # stores the schedule (its first fire time is the next second)
+    time.sleep(1.2)
+    report = queue.process()  # a fresh cron run: its tick publishes, its claims pass runs it
+    assert report.outcomes.get("claimed", 0) >= 1 and len(ran) >= 1
+    assert {j["state"] for j in _jobs(installed, "beat")} == {JobState.FINISHED}
+
+
+def test_bgq_consume_fires_due_schedules(broker_queue, rabbit, installed, clean_schedules):
+    import threading
+
+    from bgq.consumer import consume
+    from bgq.stopping import GracefulStop
+
+    ran = []
+    queue = broker_queue(callbacks={"beat": lambda: ran.append(time.time())})
+    queue.schedule("each-second", "* * * * * *", "beat")
+    stop = GracefulStop()
+    consumer = threading.Thread(target=consume, args=(queue, None, 0, [1, 2, 3], stop), daemon=True)
+    consumer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(ran) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop.requested = True
+        consumer.join(15)
+    assert len(ran) >= 2  # published by the consumer's ticks, sent to the broker, consumed
+    fired = _fired(installed, "each-second")
+    assert len({r["fire_at"] for r in fired}) == len(fired) == len(_jobs(installed, "beat"))
