@@ -357,3 +357,16 @@ def test_broker_mode_a_paused_jobs_message_comes_back_delayed_and_runs_after_res
         stop.requested = True
         consumer.join(15)
     assert ran == ["paused one"]
+
+
+def test_the_lost_message_pass_leaves_paused_jobs_alone(make_queue, installed, unpause):
+    """A paused job's message circles through the delay queue: no second copy is sent for it."""
+    queue = make_queue()
+    job = queue.publish("noop", serial_group="lg")
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)  # the job looks lost by then
+    queue.pause("x", group="lg")
+    with queue.database.transaction() as conn:
+        assert queue.procs.lost_messages(conn, "general", 3600, 10, later) == []
+    queue.resume(group="lg")
+    with queue.database.transaction() as conn:
+        assert [j.id for j in queue.procs.lost_messages(conn, "general", 3600, 10, later)] == [job]
