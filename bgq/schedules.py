@@ -24,7 +24,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .config import Config
-from .errors import BgqError, ConfigError, PriorityError, SerializationError, UnknownCallbackError
+from .errors import ConfigError, PriorityError, SerializationError, UnknownCallbackError
 from .model import JobRef, ScheduleRow
 from .sender import Sender
 from .store import Store
@@ -182,7 +182,7 @@ class Scheduler:
             if not self.synced:
                 self.sync()
             return self.fire_due()
-        except BgqError as exc:
+        except Exception as exc:  # a database error, or a stored cron this croniter cannot read
             self.config.logger.warning(f"bgq: Firing schedules failed; the next tick retries. ({exc})")
             return []
 
@@ -224,8 +224,14 @@ class Scheduler:
             nxt = times[i + 1] if i + 1 < len(times) else following
             with self.store.database.transaction() as conn:
                 job = procs.fire(conn, row.name, fire_at, nxt, now)
+            log = self.config.logger
             if job is not None:
                 out.append(job)
+                log.info(f"bgq: Schedule {row.name} fired for {fire_at.isoformat()}: job {job.id}.")
+            else:
+                log.info(
+                    f"bgq: Schedule {row.name} for {fire_at.isoformat()} was published by another worker."
+                )
         if not times:  # every due fire was missed and skipped: only move on
             with self.store.database.transaction() as conn:
                 procs.fire(conn, row.name, None, following, now)
