@@ -17,8 +17,9 @@
 --   still in the broker's delay queue; and neither its queue nor its group is paused: a
 --   paused job's message circles through the delay queue already, {{ table }}_pause), gets
 --   postponed_by = NULL and updated_at = p_now. The state is not changed. Clearing
---   postponed_by moves no availability into the future, and the new updated_at keeps the job out of the next passes for another p_timeout_s. A false alarm
---   is harmless: the duplicate message loses at the conditional claim.
+--   postponed_by moves no availability into the future, and the new updated_at keeps the job
+--   out of the next passes for another p_timeout_s. A false alarm is harmless: the duplicate
+--   message loses at the conditional claim.
 -- Locks: each changed job row only. No group lock: the state does not change, so neither does
 --   the group's order or its WAITING head.
 -- Fencing: each UPDATE is conditional on state = the state read AND updated_at = the value
