@@ -85,6 +85,8 @@ class Installed:
     def clear(self) -> None:
         self.sql("DELETE FROM {t}")
         self.sql("DELETE FROM {t}_group")
+        for control in ("paused", "schedule", "fired"):  # a pause or a schedule must not outlive its test
+            self.sql(f"DELETE FROM {{t}}_{control}")
 
     def drop(self) -> None:
         uninstall(self.db, self.table)
