@@ -14,7 +14,7 @@ CHAOS_ARGS  ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,embedded,web,metrics]'
+	$(BIN)/pip install --quiet -e '.[dev,embedded,web,metrics,schedules]'
 	touch $(STAMP)
 
 # The browser tests (tests/web/) drive Debian's chromium: installed here when it is missing.

@@ -1,4 +1,4 @@
-"""Operations for people: requeue, run now, a job's row, identifiers, the monitor, clear-finished."""
+"""Operations for people: requeue, run now, cancel, pause, workers, a job's row, monitor, clear-finished."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 from . import retry
 from .config import Config, read_clock
-from .model import JobRef, WorkerRow
+from .errors import ConfigError
+from .model import Cancelled, JobRef, Pause, WorkerRow
 from .sender import Sender
 from .store import Store
 from .validate import MAX_TEXT
@@ -45,6 +46,41 @@ class Admin:
         reaper has not removed yet."""
         with self.store.database.transaction() as conn:
             return self.store.procs.workers(conn, self.config.queue)
+
+    def cancel(self, job_id: int, reason: str) -> Cancelled:
+        """Queue.cancel (its docstring is the contract)."""
+        with self.store.database.transaction() as conn:
+            result = self.store.procs.cancel(conn, job_id, reason)
+        if result.promoted_id is not None:
+            self.sender.send_job(result.promoted_id)
+        return result
+
+    def pause(
+        self, reason: str, *, group: str | None = None, queue: str | None = None, by: str | None = None
+    ) -> bool:
+        """Queue.pause (its docstring is the contract)."""
+        kind, name = self._target(group, queue)
+        with self.store.database.transaction() as conn:
+            return self.store.procs.pause(conn, kind, name, reason, by)
+
+    def resume(self, *, group: str | None = None, queue: str | None = None) -> bool:
+        """Queue.resume (its docstring is the contract)."""
+        kind, name = self._target(group, queue)
+        with self.store.database.transaction() as conn:
+            return self.store.procs.resume(conn, kind, name)
+
+    def pauses(self) -> list[Pause]:
+        """Every paused queue and group."""
+        with self.store.database.transaction() as conn:
+            return self.store.procs.pauses(conn)
+
+    def _target(self, group: str | None, queue: str | None) -> tuple[str, str]:
+        if group is not None and queue is not None:
+            raise ConfigError("Pause a queue or a group, not both at once.")
+        name = group if group is not None else (queue if queue is not None else self.config.queue)
+        if not isinstance(name, str) or not name or len(name) > MAX_TEXT:
+            raise ConfigError(f"A paused queue or group name must be 1 to {MAX_TEXT} characters.")
+        return ("group" if group is not None else "queue"), name
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:
         """The job's row, for people and tests."""

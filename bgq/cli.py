@@ -476,6 +476,16 @@ def monitor(
                     "count": report[job_state]["count"],
                     "oldest_since": None if oldest is None else oldest.isoformat(),
                 }
+            payload["paused"] = [
+                {
+                    "kind": p.kind,
+                    "name": p.name,
+                    "reason": p.reason,
+                    "paused_by": p.paused_by,
+                    "paused_at": p.paused_at.isoformat(),
+                }  # fmt: skip
+                for p in queue.paused()
+            ]
             if holder is not None:
                 started = holder["started"]
                 payload["process_lock"] = {**holder, "started": started and started.isoformat()}
@@ -487,6 +497,10 @@ def monitor(
             count, oldest = report[job_state]["count"], report[job_state]["oldest_since"]
             since = f" (oldest {_stamp(oldest)})" if count and oldest is not None else ""
             typer.echo(f"{label} ({job_state}): {count}{since}")
+        for p in queue.paused():
+            typer.echo(
+                f"paused {p.kind} {p.name}: since {_stamp(p.paused_at)} by {p.paused_by or '?'}: {p.reason}"
+            )
         if holder is not None:
             status = "HUNG" if holder["stale"] else "running"
             age = "?" if holder["age_s"] is None else f"{holder['age_s']:.0f}"
@@ -580,6 +594,125 @@ def clear_finished(
     with locked(queue_lock_name("clear-finished", queue)):
         deleted = queue.clear_finished_jobs(days)
         typer.echo(f"deleted {deleted} finished job(s)")
+
+
+def _who() -> str:
+    """user@host, stored as who paused."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+@app.command()
+def pause(
+    queue_name: Annotated[
+        str | None, typer.Argument(metavar="[QUEUE]", help="Queue to pause (default: the app's queue).")
+    ] = None,
+    group: Annotated[
+        str | None, typer.Option("--group", "-g", help="Pause this serial group instead.")
+    ] = None,
+    reason: Annotated[str, typer.Option("--reason", "-r", help="Why; shown by `bgq monitor`.")] = "",
+) -> None:
+    """Pause a queue (its sub-queues with it) or a serial group: no worker starts their jobs
+    until `bgq resume`; running jobs go on. Without QUEUE or --group, lists what is paused."""
+    queue = load_queue()
+    assert queue is not None
+    if queue_name is None and group is None:
+        for p in queue.paused():
+            typer.echo(f"{p.kind} {p.name}: paused {_stamp(p.paused_at)} by {p.paused_by or '?'}: {p.reason}")
+        return
+    if not reason:
+        fail("bgq pause needs --reason.", code=2)
+    new = queue.pause(reason, group=group, queue=None if group else queue_name, by=_who())
+    what = f"group {group}" if group else f"queue {queue_name}"
+    typer.echo(f"paused {what}" if new else f"{what} was paused already (reason updated)")
+
+
+@app.command()
+def resume(
+    queue_name: Annotated[str | None, typer.Argument(metavar="[QUEUE]", help="Queue to resume.")] = None,
+    group: Annotated[str | None, typer.Option("--group", "-g", help="Resume this serial group.")] = None,
+) -> None:
+    """Undo `bgq pause`: the queue's or group's jobs run again in (priority, id) order."""
+    queue = load_queue()
+    assert queue is not None
+    if queue_name is None and group is None:
+        fail("bgq resume needs QUEUE or --group.", code=2)
+    done = queue.resume(group=group, queue=None if group else queue_name)
+    what = f"group {group}" if group else f"queue {queue_name}"
+    typer.echo(f"resumed {what}" if done else f"{what} was not paused")
+
+
+@app.command()
+def cancel(
+    job_ids: Annotated[list[int], typer.Argument(help="Job ids to cancel.")],
+    reason: Annotated[str, typer.Option("--reason", "-r", help="Why; stored in error_message.")] = "",
+) -> None:
+    """Cancel jobs: one that has not started becomes REDUNDANT (its group moves on); a running
+    one is asked to abort (its next heartbeat raises bgq.JobAborted in the callback)."""
+    queue = load_queue()
+    assert queue is not None
+    if not reason:
+        fail("bgq cancel needs --reason.", code=2)
+    failed = False
+    for job_id in job_ids:
+        try:
+            result = queue.cancel(job_id, reason)
+            typer.echo(f"{job_id}: {result.outcome.replace('_', ' ')} (state {result.state})")
+        except JobNotFoundError as exc:
+            typer.echo(f"bgq: job {job_id}: {one_line(str(exc))}", err=True)
+            failed = True
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def schedules(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array (for machines).")] = False,
+) -> None:
+    """List the schedules: cron, zone, next fire time, last fire and its job (all queues)."""
+    queue = load_queue()
+    assert queue is not None
+    rows = queue.schedules()
+    if as_json:
+        typer.echo(
+            json.dumps(
+                [
+                    {
+                        "name": r.name,
+                        "cron": r.cron,
+                        "timezone": r.timezone,
+                        "callback": r.callback_name,
+                        "queue": r.queue,
+                        "serial_group": r.serial_group,
+                        "priority": r.priority,
+                        "missed": r.missed,
+                        "active": r.active,
+                        "next_fire_at": r.next_fire_at and r.next_fire_at.isoformat(),
+                        "last_fire_at": r.last_fire_at and r.last_fire_at.isoformat(),
+                        "last_job_id": r.last_job_id,
+                        "last_job_state": r.last_job_state,
+                    }  # fmt: skip
+                    for r in rows
+                ]
+            )
+        )
+        return
+    for r in rows:
+        nxt = _stamp(r.next_fire_at) if r.active and r.next_fire_at else "inactive"
+        last = (
+            f"{_stamp(r.last_fire_at)} job {r.last_job_id} (state {r.last_job_state})"
+            if r.last_job_id and r.last_fire_at
+            else "never"
+        )
+        typer.echo(
+            f"{r.name}  [{r.cron}] {r.timezone}  {r.callback_name} -> {r.queue}  next: {nxt}  last: {last}"
+        )
 
 
 @app.command()

@@ -37,6 +37,7 @@ def consume(
     queue.reaper.start()  # stalled jobs are reaped without cron (bgq/reaper.py)
     try:
         while (jobs == 0 or handled < jobs) and not stop.requested and not executor.should_die:
+            queue.scheduler.tick()  # fires due schedules, at most once a second
             try:
                 delivery = consumer.take(base, priorities, timeout=POLL_SECONDS)
             except BrokerError as exc:  # the next take() reconnects

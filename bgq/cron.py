@@ -34,6 +34,7 @@ def process(parts: Parts, *, max_runtime: float | None = None) -> ProcessReport:
     report = ProcessReport()
     report.reaped = len(parts.reaper.run_once())
     with Registry(parts, WorkerMode.PROCESS, parts.config.queue):  # listed in {table}_worker
+        parts.scheduler.tick()  # fires due schedules (the claims pass ticks again while it runs)
         if parts.config.producer is None:
             _claims_pass(parts, report, deadline)
         else:

@@ -91,6 +91,16 @@ class JobStateError(DatabaseError):
     """The job is not in a state that allows this."""
 
 
+# --- raised inside a running callback by bgq ---
+
+
+class JobAborted(BgqError):
+    """The running job must stop: it was cancelled (`queue.cancel`, `bgq cancel`), or its claim
+    was lost (reaped and taken over by another worker). Raised by `queue.heartbeat()` and by the
+    automatic SQLAlchemy heartbeat hook in the thread that runs the callback; a cancelled job is
+    recorded REDUNDANT with the reason even if the callback swallows this exception."""
+
+
 # --- raised by callbacks to choose their job's outcome (names as in the original library) ---
 
 

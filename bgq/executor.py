@@ -23,6 +23,7 @@ from .store import Store
 T = TypeVar("T")
 PERSIST_PAUSES = (0.0, 0.05, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)  # s before each try of a result write
 CLAIM_TRIES = 5  # a deadlock or lock-wait timeout in the claim is retried this many times
+PAUSED_RETRY_MS = 5000  # broker mode: a paused job's message is sent back, due again after this
 
 
 class Executor:
@@ -70,6 +71,9 @@ class Executor:
             self.sender.send_job(claim.promoted_id)
         if claim.outcome == "locked" and claim.queue is not None and claim.priority is not None:
             self.sender.send([(job_id, claim.queue, claim.priority, None)])  # another worker holds the group
+        if claim.outcome == "paused" and claim.queue is not None and claim.priority is not None:
+            # Its queue or group is paused: the message comes back after a while (broker mode).
+            self.sender.send([(job_id, claim.queue, claim.priority, PAUSED_RETRY_MS)])
         if claim.outcome == "unexpected":
             self._log_unexpected(job_id, claim.state)
         if claim.outcome != "claimed":
@@ -191,7 +195,10 @@ class Executor:
             )
         except (SerializationError, ValueError) as exc:
             return Outcome(JobState.PERMANENTLY_FAILED, runner.describe(exc), exception=exc)
-        return runner.run(spec.func, parameters, claim.attempt or 0, cfg)
+        outcome = runner.run(spec.func, parameters, claim.attempt or 0, cfg)
+        if self.heartbeat.aborted is not None:  # cancelled while it ran (bgq.JobAborted)
+            return Outcome(JobState.REDUNDANT, self.heartbeat.aborted)
+        return outcome
 
     def finish(self, job_id: int, claim: ClaimResult, outcome: Outcome) -> None:
         """Write the job's result with `{table}_finish` (retrying hard: the callback has run), then

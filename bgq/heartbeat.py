@@ -1,4 +1,4 @@
-"""Keeps a running job's claim alive for the reaper: throttled, fenced heartbeats that never raise."""
+"""Keeps a running job's claim alive for the reaper (throttled, fenced), and stops a cancelled or lost one."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event
+
+from .errors import JobAborted
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -33,6 +35,8 @@ class Heartbeat:
         self.job: tuple[int, int] | None = None  # (job id, claim token) while a callback runs
         self.last = 0.0  # time.monotonic() of the claim or of the last write
         self.lost = False  # the claim was found taken over: warned once, no more writes
+        self.aborted: str | None = None  # the cancel's reason once a heartbeat reported it
+        self.thread: int | None = None  # the thread running the callback: JobAborted is raised there only
         self.guard = threading.Lock()
 
     def start(self, job_id: int, attempt: int, claimed_at: float | None = None) -> None:
@@ -40,6 +44,8 @@ class Heartbeat:
         time.monotonic() taken before the claim, when the job was claimed ahead in a batch)."""
         self.last = time.monotonic() if claimed_at is None else claimed_at
         self.lost = False
+        self.aborted = None
+        self.thread = threading.get_ident()
         self.job = (job_id, attempt)
 
     def stop(self) -> None:
@@ -47,10 +53,13 @@ class Heartbeat:
         self.job = None
 
     def beat(self) -> None:
-        """Write a heartbeat for the current job if one is due. Never raises."""
+        """Write a heartbeat for the current job if one is due. Raises JobAborted, in the thread
+        that runs the callback only, once the job was found cancelled or taken over (and on
+        every call after that); any other failure is logged, never raised."""
         job = self.job
-        if job is None or self.lost:
+        if job is None:
             return
+        self._raise_if_stopped(job[0])
         interval = self.config.heartbeat_interval
         if interval and time.monotonic() - self.last < interval:
             return
@@ -60,17 +69,29 @@ class Heartbeat:
         try:
             self.last = time.monotonic()  # a failed write is throttled like a good one
             with self.store.database.transaction() as conn:
-                alive = self.store.procs.heartbeat(conn, job_id, attempt)
-            if not alive and self.job == job:
+                answer = self.store.procs.beat(conn, job_id, attempt)
+            if self.job == job and not answer.alive:
                 self.lost = True
                 self.config.logger.warning(
                     f"bgq: Heartbeat found the job no longer PROCESSING under this worker's claim "
                     f"(reaped, taken over or finished elsewhere); its result will be dropped. (ID: {job_id})"
                 )
+            elif self.job == job and answer.abort_requested:
+                self.aborted = answer.reason or "Cancelled"
+                self.config.logger.info(f"bgq: The job was cancelled while it ran; aborting. (ID: {job_id})")
         except Exception as exc:
             self.config.logger.warning(f"bgq: Heartbeat failed (ID: {job_id}).", exc_info=exc)
         finally:
             self.guard.release()
+        self._raise_if_stopped(job_id)
+
+    def _raise_if_stopped(self, job_id: int) -> None:
+        if threading.get_ident() != self.thread:
+            return
+        if self.aborted is not None:
+            raise JobAborted(f"{self.aborted} (ID: {job_id})")
+        if self.lost:
+            raise JobAborted(f"The job was taken over by another worker (reaped). (ID: {job_id})")
 
     def install(self, engine: Engine | Any) -> Callable[[], None]:
         """Make every statement run on `engine` call `beat()` first; returns the hook's remover.

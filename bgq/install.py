@@ -63,15 +63,21 @@ class SqlFiles:
 def render(text: str, table: str, dialect: str) -> str:
     """A SQL file as it is installed: rendered by Jinja with `table` and the dialect's shared
     rules (db/<dialect>/macros/rules.sql), so a rule such as "due" is written once per dialect."""
-    return _environment(dialect).from_string(text).render(table=table)
+    return _environment(dialect).from_string(text, globals=_rules(dialect, table)).render(table=table)
 
 
 @functools.cache
 def _environment(dialect: str) -> jinja2.Environment:
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
-    rules = env.from_string((sql_dir(dialect) / _RULES).read_text()).module
-    env.globals.update({name: macro for name, macro in vars(rules).items() if not name.startswith("_")})
-    return env
+    return jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+
+
+@functools.cache
+def _rules(dialect: str, table: str) -> dict[str, object]:
+    """The shared rules' macros for `table` (a rule may name the table's other tables, as
+    not_paused names {table}_pause)."""
+    env = _environment(dialect)
+    rules = env.from_string((sql_dir(dialect) / _RULES).read_text()).make_module({"table": table})
+    return {name: macro for name, macro in vars(rules).items() if not name.startswith("_")}
 
 
 def _statements(text: str) -> list[str]:
@@ -285,7 +291,6 @@ def uninstall(db: Database, table: str) -> None:
         if db.dialect.name == "mysql":  # a migration's helper that a failed run left behind
             for migration in SqlFiles.load("mysql").migrations:
                 procs.run(conn, [f"DROP PROCEDURE IF EXISTS {migration.helper(table)}"])
-        procs.run(
-            conn, [f"DROP TABLE IF EXISTS {table}{suffix}" for suffix in ("_meta", "_group", "_worker", "")]
-        )
+        suffixes = ("_meta", "_group", "_worker", "_paused", "_schedule", "_fired", "")
+        procs.run(conn, [f"DROP TABLE IF EXISTS {table}{suffix}" for suffix in suffixes])
         procs.run(conn, [db.dialect.drop_sql(table, "notify", True)])  # PostgreSQL's insert trigger

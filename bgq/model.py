@@ -195,3 +195,58 @@ class TableStats:
     jobs: list[tuple[str, int, int, dt.datetime]]  # (queue, state, count, oldest created_at)
     groups_blocked: dict[str, int]  # queue -> serial groups held up behind a failed job
     workers: dict[str, int]  # mode -> registered workers
+
+
+# --- control: pauses, cancels, heartbeats, schedules (migration 0004_control) ---
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A paused queue or serial group ({table}_pauses)."""
+
+    kind: str  # "queue" or "group"
+    name: str
+    reason: str | None
+    paused_by: str | None
+    paused_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What {table}_cancel did: outcome 'cancelled', 'abort_requested' or 'finished'."""
+
+    outcome: str
+    state: int
+    promoted_id: int | None
+    queue: str
+    priority: int
+
+
+@dataclass(frozen=True)
+class Beat:
+    """A heartbeat's answer: whether the claim still holds, and whether a cancel asks to stop."""
+
+    alive: bool
+    abort_requested: bool
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """One row of {table}_schedules."""
+
+    name: str
+    cron: str
+    timezone: str
+    callback_name: str
+    parameters_json: Any
+    queue: str
+    serial_group: str | None
+    priority: int
+    missed: str
+    active: bool
+    next_fire_at: dt.datetime | None
+    last_fire_at: dt.datetime | None
+    last_job_id: int | None
+    last_job_state: int | None
+    now: dt.datetime

@@ -11,6 +11,7 @@ from typing import Protocol
 from .config import Config
 from .executor import Executor
 from .reaper import Reaper
+from .schedules import Scheduler
 from .sender import Sender
 from .store import Store
 
@@ -30,3 +31,6 @@ class Parts(Protocol):
 
     @property
     def reaper(self) -> Reaper: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...

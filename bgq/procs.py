@@ -15,6 +15,8 @@ from .config import read_clock
 from .db import Database, InstalledRoutine, Proc
 from .errors import JobNotFoundError
 from .model import (
+    Beat,
+    Cancelled,
     Claimed,
     ClaimResult,
     FinishResult,
@@ -22,7 +24,9 @@ from .model import (
     JobRef,
     JobResult,
     NewJob,
+    Pause,
     Reaped,
+    ScheduleRow,
     StuckJobs,
     TableStats,
     WorkerRow,
@@ -152,6 +156,48 @@ WORKER_REAP = Proc(
         ("p_now", "timestamptz"),
     ),
 )
+PAUSE = Proc(
+    "pause",
+    (
+        ("p_kind", "varchar"),
+        ("p_name", "varchar"),
+        ("p_reason", "text"),
+        ("p_by", "varchar"),
+        ("p_now", "timestamptz"),
+    ),
+)
+RESUME = Proc("resume", (("p_kind", "varchar"), ("p_name", "varchar")))
+PAUSES = Proc("pauses", ())
+CANCEL = Proc("cancel", (("p_id", "bigint"), ("p_reason", "text"), ("p_now", "timestamptz")))
+SCHEDULE_UPSERT = Proc(
+    "schedule_upsert",
+    (
+        ("p_name", "varchar"),
+        ("p_cron", "varchar"),
+        ("p_timezone", "varchar"),
+        ("p_callback", "varchar"),
+        ("p_parameters_json", "text"),
+        ("p_queue", "varchar"),
+        ("p_group", "varchar"),
+        ("p_priority", "integer"),
+        ("p_missed", "varchar"),
+        ("p_next_at", "timestamptz"),
+        ("p_now", "timestamptz"),
+    ),
+)
+SCHEDULE_RETIRE = Proc(
+    "schedule_retire", (("p_queue", "varchar"), ("p_names_json", "text"), ("p_now", "timestamptz"))
+)
+SCHEDULES = Proc("schedules", (("p_queue", "varchar"), ("p_due_only", "integer"), ("p_now", "timestamptz")))
+FIRE = Proc(
+    "fire",
+    (
+        ("p_name", "varchar"),
+        ("p_fire_at", "timestamptz"),
+        ("p_next_at", "timestamptz"),
+        ("p_now", "timestamptz"),
+    ),
+)
 #: Every installed routine, in install order (schema.sql comes first).
 ALL_PROCS: tuple[Proc, ...] = (
     PREDECESSOR,
@@ -177,6 +223,14 @@ ALL_PROCS: tuple[Proc, ...] = (
     WORKER_HEARTBEAT,
     WORKER_DEREGISTER,
     WORKER_REAP,
+    PAUSE,
+    RESUME,
+    PAUSES,
+    CANCEL,
+    SCHEDULE_UPSERT,
+    SCHEDULE_RETIRE,
+    SCHEDULES,
+    FIRE,
 )
 #: Called by the other procedures only, never by Python; installed all the same.
 INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()), Proc("claim_job", ()), Proc("finish_results", ()))
@@ -454,8 +508,106 @@ class Procs:
     ) -> bool:  # fmt: skip
         """Refresh a running job's updated_at (and metadata, if given); False when the claim
         `attempt` no longer owns the job."""
+        return self.beat(conn, job_id, attempt, now, metadata_json=metadata_json).alive
+
+    def beat(
+        self, conn: Connection, job_id: int, attempt: int, now: dt.datetime | None = None,
+        *, metadata_json: str | None = None,
+    ) -> Beat:  # fmt: skip
+        """The heartbeat with its whole answer: alive, and whether a cancel asked the job to stop."""
         (row,) = self._call(conn, HEARTBEAT, job_id, attempt, metadata_json, now)
-        return bool(row["alive"])
+        return Beat(bool(row["alive"]), bool(row["abort_requested"]), row["reason"])
+
+    # --- control: pause, resume, cancel (migration 0004_control) ---
+
+    def pause(
+        self, conn: Connection, kind: str, name: str, reason: str | None, by: str | None,
+        now: dt.datetime | None = None,
+    ) -> bool:  # fmt: skip
+        """Pause a queue or a group; False when it was paused already (reason and by replaced)."""
+        (row,) = self._call(conn, PAUSE, kind, name, reason, by, now)
+        return bool(row["paused"])
+
+    def resume(self, conn: Connection, kind: str, name: str) -> bool:
+        """Resume a queue or a group; False when it was not paused."""
+        (row,) = self._call(conn, RESUME, kind, name)
+        return bool(row["resumed"])
+
+    def pauses(self, conn: Connection) -> list[Pause]:
+        """Every paused queue and group, by kind and name."""
+        return [
+            Pause(r["kind"], r["name"], r["reason"], r["paused_by"], _utc(r["paused_at"]))
+            for r in self._call(conn, PAUSES)
+        ]
+
+    def cancel(self, conn: Connection, job_id: int, reason: str, now: dt.datetime | None = None) -> Cancelled:
+        """Cancel a job: REDUNDANT if it has not started, else its abort is requested."""
+        rows = self._call(conn, CANCEL, job_id, reason, now)
+        if not rows:  # deleted between the procedure's reads
+            raise JobNotFoundError("no such job")
+        r = rows[0]
+        return Cancelled(r["outcome"], int(r["state"]), r["promoted_id"], r["queue"], int(r["priority"]))
+
+    # --- schedules (bgq/schedules.py) ---
+
+    def schedule_upsert(
+        self, conn: Connection, name: str, cron: str, timezone: str, callback: str,
+        parameters_json: str | None, queue: str, group: str | None, priority: int, missed: str,
+        next_at: dt.datetime, now: dt.datetime | None = None,
+    ) -> dt.datetime | None:  # fmt: skip
+        """Declare a schedule active; its stored next fire time."""
+        (row,) = self._call(
+            conn, SCHEDULE_UPSERT, name, cron, timezone, callback, parameters_json, queue, group,
+            priority, missed, _utc(next_at), _utc_or_none(now),
+        )  # fmt: skip
+        return _utc_or_none(row["next_fire_at"])
+
+    def schedule_retire(
+        self, conn: Connection, queue: str, names: Sequence[str], now: dt.datetime | None = None
+    ) -> int:
+        """Deactivate the queue's schedules not in `names`; how many."""
+        (row,) = self._call(conn, SCHEDULE_RETIRE, queue, json.dumps(list(names)), _utc_or_none(now))
+        return int(row["retired"])
+
+    def schedules(
+        self, conn: Connection, queue: str | None, due_only: bool, now: dt.datetime | None = None
+    ) -> list[ScheduleRow]:
+        """The schedules of `queue` (None: all); with `due_only` the active ones due at `now`."""
+        rows = self._call(conn, SCHEDULES, queue, int(due_only), _utc_or_none(now))
+        out = []
+        for r in rows:
+            params = r["parameters_json"]
+            out.append(
+                ScheduleRow(
+                    name=r["name"],
+                    cron=r["cron"],
+                    timezone=r["timezone"],
+                    callback_name=r["callback_name"],
+                    parameters_json=json.loads(params) if isinstance(params, str | bytes) else params,
+                    queue=r["queue"],
+                    serial_group=r["serial_group"],
+                    priority=int(r["priority"]),
+                    missed=r["missed"],
+                    active=bool(r["active"]),
+                    next_fire_at=_utc_or_none(r["next_fire_at"]),
+                    last_fire_at=_utc_or_none(r["last_fire_at"]),
+                    last_job_id=r["last_job_id"],
+                    last_job_state=r["last_job_state"],
+                    now=_utc(r["now"]),
+                )  # fmt: skip
+            )
+        return out
+
+    def fire(
+        self, conn: Connection, name: str, fire_at: dt.datetime | None, next_at: dt.datetime,
+        now: dt.datetime | None = None,
+    ) -> JobRef | None:  # fmt: skip
+        """Publish the schedule's job for `fire_at` unless that fire time was published already
+        (None then); move next_fire_at forward to `next_at` either way."""
+        (row,) = self._call(conn, FIRE, name, _utc_or_none(fire_at), _utc(next_at), _utc_or_none(now))
+        if not row["fired"]:
+            return None
+        return JobRef(int(row["job_id"]), None, row["queue"], int(row["priority"]))
 
     # --- operations: unfinished identifiers, the monitor, clear-finished ---
 
@@ -630,6 +782,12 @@ def _insert_values(job: NewJob) -> tuple[Any, ...]:
 def _utc(value: dt.datetime) -> dt.datetime:
     """pymysql returns naive UTC datetimes, psycopg aware ones: make both aware UTC."""
     return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+def _utc_or_none(value: dt.datetime | None) -> dt.datetime | None:
+    """_utc, keeping None. An aware argument goes in as UTC (pymysql drops the zone of what it
+    sends, so a time in another zone would be read as UTC by MySQL)."""
+    return None if value is None else _utc(value)
 
 
 class Listener:

@@ -25,10 +25,11 @@ from .config import Config, build_config, register_callback
 from .db import Database
 from .errors import ConfigError
 from .executor import Executor
-from .model import JobRef, Mode, WorkerRow
+from .model import Cancelled, JobRef, Mode, Pause, ScheduleRow, WorkerRow
 from .procs import Procs
 from .publisher import Bulk, Publisher
 from .reaper import Reaper
+from .schedules import Schedule, Scheduler, declare
 from .sender import Sender
 from .store import Store
 from .tasks import Task
@@ -77,6 +78,7 @@ class Queue:
     """
 
     def __init__(self, **options: Any) -> None:
+        self._schedules: dict[str, Schedule] = {}  # declared in code; kept when the parts are rebuilt
         self._build(build_config(**options))
 
     def _build(self, config: Config) -> None:
@@ -89,6 +91,8 @@ class Queue:
         #: Reaps stalled jobs (bgq/reaper.py): process() runs it once per run, and `bgq work` and
         #: `bgq consume` start it on a thread of their own.
         self.reaper = Reaper(config, self.store, self.sender)
+        #: Fires the declared schedules (bgq/schedules.py): every worker loop calls its tick().
+        self.scheduler = Scheduler(config, self.store, self.sender, self._schedules)
 
     @property
     def config(self) -> Config:
@@ -258,7 +262,9 @@ class Queue:
     def process_job(self, job_id: int, on_claimed: Callable[[], None] | None = None) -> str:
         """Claim one job, run its callback and write its result. Returns the claim's outcome.
 
-        Outcomes: claimed (it ran), waiting, redundant, locked, missing, skipped, unexpected, and
+        Outcomes: claimed (it ran), waiting, redundant, locked, paused (its queue or group is
+        paused: nothing changed; in broker mode the id is sent back with a delay), missing, skipped,
+        unexpected, and
         taken_over: the claim was older than half of stalled_job_timeout when the callback was to
         start (this process was frozen or slow) and had been reaped meanwhile, so the callback did
         not run here. `on_claimed` runs once the claim (or its refusal) is committed, before the
@@ -276,13 +282,18 @@ class Queue:
         self.executor.should_die = value
 
     def heartbeat(self) -> None:
-        """Tell the reaper that the running job is alive: its updated_at moves to now.
+        """Tell the reaper that the running job is alive: its updated_at moves to now; raise
+        bgq.JobAborted if the job was cancelled or taken over by another worker (see below).
 
         Call it from a long callback more often than `stalled_job_timeout`. It writes at most once
         per `heartbeat_interval` seconds (the claim counts as the first heartbeat; 0 writes on every
         call), through bgq's own connection, fenced on the job's claim: a job that was reaped, claimed
         again elsewhere or finished is left alone (and logged once at WARNING). Outside a job it does
-        nothing. It never raises: a failure is logged at WARNING as 'bgq: Heartbeat failed (ID: n).'
+        nothing. A write that finds the job cancelled (`cancel`) or no longer this worker's (reaped
+        and claimed again: a zombie) raises bgq.JobAborted, then so does every later call in that
+        job, so a cooperative callback stops; the automatic hook (install_heartbeat) raises it too,
+        from the statement the callback runs. Any other failure is logged at WARNING as
+        'bgq: Heartbeat failed (ID: n).', never raised.
         """
         self.executor.heartbeat.beat()
 
@@ -298,6 +309,96 @@ class Queue:
         that removes the listener.
         """
         return self.executor.install_heartbeat(engine)
+
+    # --- schedules (bgq/schedules.py) ---
+
+    def schedule(
+        self,
+        name: str,
+        cron: str,
+        callback_name: str | None = None,
+        parameters: list[Any] | tuple[Any, ...] | dict[str, Any] | None = None,
+        *,
+        serial_group: str | None = None,
+        priority: int | None = None,
+        timezone: str = "UTC",
+        missed: str = "once",
+        grace: float | dt.timedelta = 60.0,
+    ) -> Any:
+        """Declare a periodic job: every fire time of `cron` publishes one job of `callback_name`.
+
+        `cron`: 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first
+        ("*/10 * * * * *"), read in `timezone` (an IANA name; DST-aware: a time the clocks skip
+        fires at the first time after it, a time they repeat fires once). Each fire time
+        publishes exactly one job however many workers and hosts run. `missed`: what happens to
+        fire times no worker reached within `grace` seconds (downtime): "once" publishes one
+        catch-up job, "skip" publishes none. The schedule is stored (and those of this queue no
+        longer declared are deactivated) when a worker starts; `bgq schedules` lists them.
+        Raises ConfigError (bad cron, zone, policy) or a PublishError (unknown callback,
+        priority, parameters) before anything is stored. Without `callback_name` it is a
+        decorator: the function becomes the callback named `name` and is returned unchanged.
+        """
+        if callback_name is None:
+
+            def decorator(func: Callable[..., Any]) -> Callable[..., Any]:
+                self._add_callback(name, func)
+                self.schedule(
+                    name, cron, name, parameters, serial_group=serial_group, priority=priority,
+                    timezone=timezone, missed=missed, grace=grace,
+                )  # fmt: skip
+                return func
+
+            return decorator
+        spec = declare(
+            self._config, name, cron, callback_name, parameters, serial_group=serial_group,
+            priority=priority, timezone=timezone, missed=missed, grace=grace,
+        )  # fmt: skip
+        self._schedules[name] = spec
+        self.scheduler.synced = False  # a running worker stores it at its next tick
+        return spec
+
+    def _add_callback(self, name: str, func: Callable[..., Any]) -> None:
+        """The schedule decorator's callback, registered as @queue.task registers one."""
+        known = self._config.callbacks.get(name)
+        if known is not None and known.func is func:
+            return
+        register_callback(self._config, name, func, None, None)
+
+    def schedules(self) -> list[ScheduleRow]:
+        """Every stored schedule (all queues): next fire time, last fire and its job (`bgq schedules`)."""
+        return self.scheduler.rows()
+
+    def fire_schedules(self, now: dt.datetime | None = None) -> list[JobRef]:
+        """Store the declared schedules and publish the jobs of those due now; what the worker
+        loops do every second. `now` (aware) replaces the database's clock (tests)."""
+        self.scheduler.sync(now)
+        return self.scheduler.fire_due(now)
+
+    # --- control: pause, resume, cancel (bgq/admin.py) ---
+
+    def pause(
+        self, reason: str, *, group: str | None = None, queue: str | None = None, by: str | None = None
+    ) -> bool:
+        """Pause this queue (or `queue`, a queue name; its sub-queues with it) or the serial
+        `group`: no claim in any mode starts their jobs until resume(); a running job goes on.
+        The reason and `by` are stored and shown by `bgq monitor`. False if already paused."""
+        return self.admin.pause(reason, group=group, queue=queue, by=by)
+
+    def resume(self, *, group: str | None = None, queue: str | None = None) -> bool:
+        """Undo pause(): the jobs run again in (priority, id) order. False if it was not paused."""
+        return self.admin.resume(group=group, queue=queue)
+
+    def paused(self) -> list[Pause]:
+        """Every paused queue and group, with reason, who and since when."""
+        return self.admin.pauses()
+
+    def cancel(self, job_id: int, reason: str) -> Cancelled:
+        """Cancel a job. One that has not started becomes REDUNDANT with 'Cancelled: <reason>'
+        and its group moves on (outcome "cancelled"); a running one is marked to abort (outcome
+        "abort_requested"): its next heartbeat raises bgq.JobAborted in the callback and its
+        result is recorded REDUNDANT with the reason; a finished one is left alone ("finished").
+        Raises JobNotFoundError for an unknown id."""
+        return self.admin.cancel(job_id, reason)
 
     # --- operations for people (bgq/admin.py) ---
 

@@ -174,6 +174,7 @@ class _Worker:
         empty = 0
         try:
             while not self.stop.requested and not self.executor.should_die:
+                self.queue.scheduler.tick()  # fires due schedules, at most once a second
                 held = self._next()
                 if held is not None:
                     self._run(held)

@@ -112,6 +112,8 @@ class Installed:
         self.sql("DELETE FROM {t}")
         self.sql("DELETE FROM {t}_group")
         self.sql("DELETE FROM {t}_worker")
+        for control in ("paused", "schedule", "fired"):  # a pause or a schedule must not outlive its test
+            self.sql(f"DELETE FROM {{t}}_{control}")
 
     def drop(self) -> None:
         uninstall(self.db, self.table)

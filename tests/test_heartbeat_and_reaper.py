@@ -13,7 +13,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from bgq import JobState, Queue, TemporaryErrorException
+from bgq import JobAborted, JobState, Queue, TemporaryErrorException
 from tests.support import ledger_worker
 from tests.support.clock import Clock
 from tests.support.helpers import set_row, unique_name, utc
@@ -106,8 +106,9 @@ def test_checklist_79_heartbeat_never_touches_a_row_that_is_no_longer_processing
     def job():
         old = _now(installed) - HOURS_AGO_2
         set_row(installed, ids["job"], state=3, updated_at=old, error_message="finished by a person")
-        queue.heartbeat()
-        queue.heartbeat()
+        for _ in range(2):  # each call raises JobAborted (the job is no longer this worker's)
+            with pytest.raises(JobAborted):
+                queue.heartbeat()
         seen["old"], seen["row"] = old, _row(installed, ids["job"])
 
     queue = make_queue(callbacks={"job": job}, heartbeat_interval=0)
@@ -130,7 +131,8 @@ def test_checklist_79_an_old_claim_cannot_keep_a_reclaimed_job_alive(make_queue,
     def job():
         old = _now(installed) - HOURS_AGO_2
         set_row(installed, ids["job"], number_of_attempts=2, updated_at=old)  # the new owner's claim
-        queue.heartbeat()
+        with pytest.raises(JobAborted):
+            queue.heartbeat()
         seen["old"], seen["row"] = old, _row(installed, ids["job"])
 
     queue = make_queue(callbacks={"job": job}, heartbeat_interval=0)
@@ -156,7 +158,7 @@ def test_checklist_80_a_failing_heartbeat_is_logged_and_the_callback_goes_on(
         raise RuntimeError("database on fire")
 
     queue = make_queue(callbacks={"job": job}, heartbeat_interval=0)
-    monkeypatch.setattr(queue.procs, "heartbeat", broken)
+    monkeypatch.setattr(queue.procs, "beat", broken)  # the heartbeat's call (procs.heartbeat + abort)
     job_id = queue.publish("job")
     assert queue.process_job(job_id) == "claimed"
     assert steps == ["before", "after"]
@@ -196,14 +198,14 @@ def test_checklist_80_an_unreachable_database_is_logged_too(make_queue, installe
 def _count_writes(queue, monkeypatch) -> list[int]:
     """Record each heartbeat write (1 = alive) while still writing it."""
     writes: list[int] = []
-    real = queue.procs.heartbeat
+    real = queue.procs.beat
 
     def counting(*args, **kwargs):
-        alive = real(*args, **kwargs)
-        writes.append(int(alive))
-        return alive
+        answer = real(*args, **kwargs)
+        writes.append(int(answer.alive))
+        return answer
 
-    monkeypatch.setattr(queue.procs, "heartbeat", counting)
+    monkeypatch.setattr(queue.procs, "beat", counting)
     return writes
 
 
@@ -392,7 +394,8 @@ def test_without_heartbeats_a_long_job_is_reaped_and_the_zombie_is_fenced_out(ma
         clock.advance(60)  # the backoff of attempt 1 is over
         reports.append(other.process())  # claims it again: attempt 2, which fails
         seen["reclaimed"] = _row(installed, ids["job"])
-        worker.heartbeat()  # interval 0: it writes, fenced on attempt 1
+        with pytest.raises(JobAborted):  # interval 0: it writes, fenced on attempt 1, and learns
+            worker.heartbeat()
         seen["after_beat"] = _row(installed, ids["job"])
 
     def second_owner():

@@ -14,6 +14,7 @@
 --                   'waiting'    a predecessor exists: the job is WAITING (conditional write);
 --                   'redundant'  UNIQUE job with an older row of its identifier: REDUNDANT;
 --                   'locked'     the group row stayed locked for 3 s: nothing changed;
+--                   'paused'     its queue or group is paused ({{ table }}_pause): nothing changed;
 --                   'missing'    no such job in this queue;
 --                   'skipped'    FINISHED or REDUNDANT already (an expected duplicate);
 --                   'unexpected' PROCESSING or PERMANENTLY_FAILED: nothing changed.

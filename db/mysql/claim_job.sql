@@ -100,6 +100,14 @@ BEGIN
             SET o_outcome = 'unexpected';
             LEAVE body;
         END IF;
+        -- A paused queue or group (macros/rules.sql not_paused): nothing changes.
+        IF NOT EXISTS (
+            SELECT 1 FROM {{ table }} AS j
+            WHERE j.id = p_id AND {{ not_paused('j') }}
+        ) THEN
+            SET o_outcome = 'paused';
+            LEAVE body;
+        END IF;
 
         IF v_mode = 'unique' AND EXISTS (
             SELECT 1 FROM {{ table }}

@@ -1,4 +1,4 @@
--- bgq {{ table }}_heartbeat, version 2 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_heartbeat, version 3 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_heartbeat(p_id, p_attempt, p_metadata, p_now)
@@ -11,6 +11,10 @@
 --   alive  1 if the job is still PROCESSING under the caller's claim (its updated_at is now
 --          p_now); 0 if it is not (no such job, reaped, claimed again with a newer token,
 --          finished, or moved by a person): nothing changed.
+--   abort_requested  1 if the job is alive and {{ table }}_cancel asked, during this attempt
+--          (abort_requested_at >= last_attempt_at), that it stop; else 0. The worker then
+--          raises bgq.JobAborted in the callback and records REDUNDANT with the reason.
+--   reason  the job's error_message when abort_requested is 1 ('Cancelled: <reason>'), else NULL.
 -- The worker's proof of life for a long callback: the reaper ({{ table }}_reap) judges liveness by
 --   updated_at only, so a job whose worker calls this more often than stalled_job_timeout is
 --   never reaped. Nothing but updated_at (and metadata, if given) changes; no queue filter.
@@ -35,8 +39,16 @@ MODIFIES SQL DATA
 BEGIN
     DECLARE v_now DATETIME(6) DEFAULT COALESCE(p_now, UTC_TIMESTAMP(6));
     DECLARE v_alive INT DEFAULT 0;
+    DECLARE v_abort INT DEFAULT 0;
+    DECLARE v_reason TEXT DEFAULT NULL;
 
-    SELECT COUNT(*) INTO v_alive
+    SELECT
+        COUNT(*) AS alive,
+        COALESCE(
+            MAX(CASE WHEN abort_requested_at >= last_attempt_at THEN 1 ELSE 0 END), 0
+        ) AS abort_requested,
+        MAX(CASE WHEN abort_requested_at >= last_attempt_at THEN error_message END) AS reason
+    INTO v_alive, v_abort, v_reason
     FROM {{ table }}
     WHERE id = p_id AND state = 2 AND number_of_attempts = p_attempt
     FOR UPDATE;
@@ -47,5 +59,8 @@ BEGIN
         WHERE id = p_id AND state = 2 AND number_of_attempts = p_attempt;
     END IF;
 
-    SELECT v_alive AS alive;
+    SELECT
+        v_alive AS alive,
+        v_abort AS abort_requested,
+        v_reason AS reason;
 END

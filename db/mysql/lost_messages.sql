@@ -1,4 +1,4 @@
--- bgq {{ table }}_lost_messages, version 1 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_lost_messages, version 2 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_lost_messages(p_queue, p_timeout_s, p_limit, p_now)
@@ -14,10 +14,12 @@
 --   that is lost (see p_timeout_s) and whose availability has passed,
 --   GREATEST(created_at, last_attempt_at) + CEIL(postponed_by / 1000) s <= p_now (the rule of
 --   {{ table }}_due_jobs, without its processed_by_broker exception: a job in its backoff is
---   still in the broker's delay queue), gets postponed_by = NULL and updated_at = p_now. The
---   state is not changed. Clearing postponed_by moves no availability into the future, and the
---   new updated_at keeps the job out of the next passes for another p_timeout_s. A false alarm
---   is harmless: the duplicate message loses at the conditional claim.
+--   still in the broker's delay queue; and neither its queue nor its group is paused: a
+--   paused job's message circles through the delay queue already, {{ table }}_pause), gets
+--   postponed_by = NULL and updated_at = p_now. The state is not changed. Clearing
+--   postponed_by moves no availability into the future, and the new updated_at keeps the job
+--   out of the next passes for another p_timeout_s. A false alarm is harmless: the duplicate
+--   message loses at the conditional claim.
 -- Locks: each changed job row only. No group lock: the state does not change, so neither does
 --   the group's order or its WAITING head.
 -- Fencing: each UPDATE is conditional on state = the state read AND updated_at = the value
@@ -49,6 +51,7 @@ BEGIN
             AND updated_at < v_now - INTERVAL p_timeout_s SECOND
             AND {{ in_queue() }}
             AND {{ postponement_over() }}
+            AND {{ not_paused() }}
         ORDER BY id
         LIMIT p_limit;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;

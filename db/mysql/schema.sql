@@ -1,12 +1,14 @@
 -- bgq schema, MySQL 8 / MariaDB 10.11.
 --
 -- {{ table }} is replaced by the configured table name (validated as a plain identifier) by
--- `bgq install-procs`. Four tables:
+-- `bgq install-procs`. Seven tables:
 --   {{ table }}        the jobs; the source of truth.
 --   {{ table }}_group  one row per serial group ever claimed: the group's transactional lock (a
 --                      claim or finish locks it FOR UPDATE, so exclusion ends with the transaction)
 --                      and the group's WAITING head, kept by the procedures, so the safety net
 --                      finds every group's head without scanning waiting jobs.
+--   {{ table }}_paused paused queues and groups; {{ table }}_schedule and {{ table }}_fired:
+--                      periodic jobs and the fire times that published them (migration 0004).
 --   {{ table }}_meta   the installed procedure version and checksum, and one row per applied
 --                      migration (migrations/).
 --   {{ table }}_worker one row per running `bgq work` / `bgq consume` / `bgq process` process
@@ -59,6 +61,48 @@ CREATE TABLE IF NOT EXISTS {{ table }}_worker (
     CONSTRAINT {{ table }}_worker_mode_check CHECK (mode IN ('work', 'consume', 'process'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
 
+-- Paused queues and serial groups ({{ table }}_pause / _resume): every claim skips their jobs
+-- (the not_paused rule in macros/rules.sql). A handful of rows at most.
+CREATE TABLE IF NOT EXISTS {{ table }}_paused (
+    kind VARCHAR(8) NOT NULL,
+    name VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+    reason TEXT NULL,
+    paused_by VARCHAR(255) NULL,
+    paused_at DATETIME(6) NOT NULL,
+    PRIMARY KEY (kind, name),
+    CONSTRAINT {{ table }}_paused_kind_check CHECK (kind IN ('queue', 'group'))
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
+
+-- Periodic jobs declared in code (bgq/schedules.py), one row per schedule name.
+CREATE TABLE IF NOT EXISTS {{ table }}_schedule (
+    name VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+    cron VARCHAR(255) NOT NULL,
+    timezone VARCHAR(64) NOT NULL,
+    callback_name VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+    parameters_json JSON NULL,
+    queue VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+    serial_group VARCHAR(255) COLLATE utf8mb4_bin NULL,
+    priority INT NOT NULL,
+    missed VARCHAR(8) NOT NULL,
+    active SMALLINT NOT NULL,
+    next_fire_at DATETIME(6) NULL,
+    last_fire_at DATETIME(6) NULL,
+    last_job_id BIGINT UNSIGNED NULL,
+    updated_at DATETIME(6) NOT NULL,
+    PRIMARY KEY (name),
+    CONSTRAINT {{ table }}_schedule_missed_check CHECK (missed IN ('once', 'skip'))
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
+
+-- One row per (schedule, fire time) that published a job: its primary key is what makes a fire
+-- time publish exactly one job however many workers race ({{ table }}_fire).
+CREATE TABLE IF NOT EXISTS {{ table }}_fired (
+    schedule_name VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
+    fire_at DATETIME(6) NOT NULL,
+    job_id BIGINT UNSIGNED NULL,
+    fired_at DATETIME(6) NOT NULL,
+    PRIMARY KEY (schedule_name, fire_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
+
 CREATE TABLE IF NOT EXISTS {{ table }} (
     id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT,
     queue VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
@@ -83,6 +127,8 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     memory JSON NULL,
     mode VARCHAR(16) NOT NULL DEFAULT 'normal',
     updated_at DATETIME(6) NOT NULL,
+    -- Set by {{ table }}_cancel on a PROCESSING job: its heartbeat reports the abort.
+    abort_requested_at DATETIME(6) NULL,
     -- The group while the job is PROCESSING, else NULL. Its unique index makes a second
     -- PROCESSING job of one group impossible: the last line of defence behind the procedures.
     running_group VARCHAR(255) COLLATE utf8mb4_bin

@@ -83,6 +83,11 @@ BEGIN
             o_outcome := 'unexpected';
             EXIT body;
         END IF;
+        -- A paused queue or group (macros/rules.sql not_paused): nothing changes.
+        IF NOT EXISTS (SELECT 1 FROM {{ table }} AS j WHERE j.id = p_id AND {{ not_paused('j') }}) THEN
+            o_outcome := 'paused';
+            EXIT body;
+        END IF;
 
         IF v_mode = 'unique' AND EXISTS (
             SELECT 1 FROM {{ table }} AS o

@@ -1,4 +1,4 @@
--- bgq {{ table }}_heartbeat, version 2 (PostgreSQL 15)
+-- bgq {{ table }}_heartbeat, version 3 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_heartbeat(p_id, p_attempt, p_metadata, p_now)
@@ -11,6 +11,10 @@
 --   alive  1 if the job is still PROCESSING under the caller's claim (its updated_at is now
 --          p_now); 0 if it is not (no such job, reaped, claimed again with a newer token,
 --          finished, or moved by a person): nothing changed.
+--   abort_requested  1 if the job is alive and {{ table }}_cancel asked, during this attempt
+--          (abort_requested_at >= last_attempt_at), that it stop; else 0. The worker then
+--          raises bgq.JobAborted in the callback and records REDUNDANT with the reason.
+--   reason  the job's error_message when abort_requested is 1 ('Cancelled: <reason>'), else NULL.
 -- The worker's proof of life for a long callback: the reaper ({{ table }}_reap) judges liveness by
 --   updated_at only, so a job whose worker calls this more often than stalled_job_timeout is
 --   never reaped. Nothing but updated_at (and metadata, if given) changes; no queue filter.
@@ -32,7 +36,9 @@ CREATE OR REPLACE FUNCTION {{ table }}_heartbeat(
     p_now TIMESTAMPTZ DEFAULT NULL
 )
 RETURNS TABLE (
-    alive INTEGER
+    alive INTEGER,
+    abort_requested INTEGER,
+    reason TEXT
 )
 LANGUAGE plpgsql
 VOLATILE
@@ -41,12 +47,18 @@ AS $$
 DECLARE
     v_now TIMESTAMPTZ := COALESCE(p_now, CLOCK_TIMESTAMP());
     v_alive INTEGER := 0;
+    v_abort INTEGER := 0;
+    v_reason TEXT;
 BEGIN
     UPDATE {{ table }} AS j
     SET updated_at = v_now, metadata = COALESCE(p_metadata::JSON, j.metadata)
-    WHERE j.id = p_id AND j.state = 2 AND j.number_of_attempts = p_attempt;
+    WHERE j.id = p_id AND j.state = 2 AND j.number_of_attempts = p_attempt
+    RETURNING
+        CASE WHEN j.abort_requested_at >= j.last_attempt_at THEN 1 ELSE 0 END,
+        CASE WHEN j.abort_requested_at >= j.last_attempt_at THEN j.error_message END
+    INTO v_abort, v_reason;
     GET DIAGNOSTICS v_alive = ROW_COUNT;
 
-    RETURN QUERY SELECT v_alive;
+    RETURN QUERY SELECT v_alive, COALESCE(v_abort, 0), v_reason;
 END;
 $$;

@@ -1,13 +1,15 @@
 -- bgq schema, PostgreSQL 15.
 --
 -- {{ table }} is replaced by the configured table name (validated as a plain identifier) by
--- `bgq install-procs`. Four tables:
+-- `bgq install-procs`. Seven tables:
 --   {{ table }}        the jobs; the source of truth.
 --   {{ table }}_group  one row per serial group ever claimed: the group's transactional lock (a
 --                      claim or finish upserts it, INSERT ... ON CONFLICT DO UPDATE, which holds
 --                      the row lock until the transaction ends) and the group's WAITING head,
 --                      kept by the functions, so the safety net finds every group's head without
 --                      scanning waiting jobs.
+--   {{ table }}_paused paused queues and groups; {{ table }}_schedule and {{ table }}_fired:
+--                      periodic jobs and the fire times that published them (migration 0004).
 --   {{ table }}_meta   the installed procedure version and checksum, and one row per applied
 --                      migration (migrations/).
 --   {{ table }}_worker one row per running `bgq work` / `bgq consume` / `bgq process` process
@@ -56,6 +58,7 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     -- The worker (a worker process's id, NULL when none was given) that claimed the job last:
     -- written by every claim, never cleared (migration 0002_worker_id).
     worker_id BIGINT NULL,
+    abort_requested_at TIMESTAMPTZ NULL,
     CONSTRAINT {{ table }}_state_check CHECK (state IN (-1, 1, 2, 3, 4, 5, 6, 7, 8)),
     CONSTRAINT {{ table }}_mode_check CHECK (mode IN ('normal', 'unique', 'recurring'))
 );
@@ -109,6 +112,47 @@ CREATE OR REPLACE FUNCTION {{ table }}_notify() RETURNS TRIGGER LANGUAGE plpgsql
 CREATE OR REPLACE TRIGGER {{ table }}_notify
 AFTER INSERT ON {{ table }}
 FOR EACH STATEMENT EXECUTE FUNCTION {{ table }}_notify();
+
+-- Paused queues and serial groups ({{ table }}_pause / _resume): every claim skips their jobs
+-- (the not_paused rule in macros/rules.sql). A handful of rows at most.
+CREATE TABLE IF NOT EXISTS {{ table }}_paused (
+    kind VARCHAR(8) NOT NULL,
+    name VARCHAR(255) NOT NULL,
+    reason TEXT NULL,
+    paused_by VARCHAR(255) NULL,
+    paused_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (kind, name),
+    CONSTRAINT {{ table }}_paused_kind_check CHECK (kind IN ('queue', 'group'))
+);
+
+-- Periodic jobs declared in code (bgq/schedules.py), one row per schedule name.
+CREATE TABLE IF NOT EXISTS {{ table }}_schedule (
+    name VARCHAR(255) NOT NULL PRIMARY KEY,
+    cron VARCHAR(255) NOT NULL,
+    timezone VARCHAR(64) NOT NULL,
+    callback_name VARCHAR(255) NOT NULL,
+    parameters_json JSON NULL,
+    queue VARCHAR(255) NOT NULL,
+    serial_group VARCHAR(255) NULL,
+    priority INTEGER NOT NULL,
+    missed VARCHAR(8) NOT NULL,
+    active SMALLINT NOT NULL,
+    next_fire_at TIMESTAMPTZ NULL,
+    last_fire_at TIMESTAMPTZ NULL,
+    last_job_id BIGINT NULL,
+    updated_at TIMESTAMPTZ NOT NULL,
+    CONSTRAINT {{ table }}_schedule_missed_check CHECK (missed IN ('once', 'skip'))
+);
+
+-- One row per (schedule, fire time) that published a job: its primary key is what makes a fire
+-- time publish exactly one job however many workers race ({{ table }}_fire).
+CREATE TABLE IF NOT EXISTS {{ table }}_fired (
+    schedule_name VARCHAR(255) NOT NULL,
+    fire_at TIMESTAMPTZ NOT NULL,
+    job_id BIGINT NULL,
+    fired_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (schedule_name, fire_at)
+);
 
 CREATE TABLE IF NOT EXISTS {{ table }}_meta (
     name VARCHAR(64) NOT NULL PRIMARY KEY,

@@ -162,7 +162,7 @@ def test_alive_does_not_depend_on_the_clients_found_rows_flag(installed):
         conn.commit()
     finally:
         conn.close()
-    assert rows == [(1,)]
+    assert rows == [(1, 0, None)]  # alive, no abort requested
     assert row(installed, job)["updated_at"] == T0
 
 
@@ -210,5 +210,5 @@ def test_returned_columns(installed):
     with installed.db.transaction() as conn:
         sql = installed.db.dialect.call_sql(installed.table, HEARTBEAT)
         result = conn.exec_driver_sql(sql, (job, 1, None, at(1)))
-        assert list(result.keys()) == ["alive"]
-        assert [tuple(r) for r in result.all()] == [(1,)]
+        assert list(result.keys()) == ["alive", "abort_requested", "reason"]
+        assert [tuple(r) for r in result.all()] == [(1, 0, None)]

@@ -18,8 +18,24 @@ GREATEST({{ c }}created_at, COALESCE({{ c }}last_attempt_at, {{ c }}created_at))
 {%- endmacro %}
 
 {#- Due in cron mode: a job a broker handed back is due at once, any other once its postponement
-    is over. -#}
+    is over; and neither its queue nor its group is paused (not_paused, below). -#}
 {% macro due(j='') -%}
 {%- set c = j ~ '.' if j else '' -%}
-({{ c }}processed_by_broker = 1 OR {{ postponement_over(j) }})
+(({{ c }}processed_by_broker = 1 OR {{ postponement_over(j) }}) AND {{ not_paused(j) }})
+{%- endmacro %}
+
+{#- Neither the job's queue (nor a queue it is a sub-queue of) nor its serial group is paused
+    ({{ table }}_paused, a handful of rows). Part of `due`, so every claim obeys it; a paused
+    group's head is skipped, and so is the whole group (its order never bends). -#}
+{% macro not_paused(j='') -%}
+{%- set c = j ~ '.' if j else '' -%}
+NOT EXISTS (
+    SELECT 1 FROM {{ table }}_paused AS pz
+    WHERE
+        (
+            pz.kind = 'queue'
+            AND ({{ c }}queue = pz.name OR LEFT({{ c }}queue, LENGTH(pz.name) + 1) = pz.name || '_')
+        )
+        OR (pz.kind = 'group' AND {{ c }}serial_group = pz.name)
+)
 {%- endmacro %}
