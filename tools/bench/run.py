@@ -51,10 +51,10 @@ import logging
 import math
 import os
 import random
-import re
 import select
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -77,12 +77,16 @@ CASE_TITLES = {
     "d": "(d) 2 workers",
     "e": "(e) 1 group, 2 workers",
     "f": "(f) 100 groups, 2 workers",
+    "cron": "cron at a backlog",
 }
 LATENCY = "L"  # the latency run's case key: one worker, no groups
 CRON = "cron"  # the cron-at-a-backlog case key: bgq cron systems only, its own table
 CRON_PRIORITIES = (1, 2, 3)
 CRON_EXIT_WAIT = 10.0  # seconds the `bgq process` runs get to end by themselves once all jobs ran
 GROUPS = {"c": None, "d": None, "e": 1, "f": 100, LATENCY: None}
+PROCESSING = ("c", "d", "e", "f")
+FLOOR = "floor"  # the pseudo-system that measures the durable single-row commit floor
+FLOOR_CLIENTS = {"a": 1, "b": 1, "c": 1, "d": 2, "e": 2, "f": 2, CRON: 2}  # which floor a cell compares to
 WORKERS = {"c": 1, "d": 2, "e": 2, "f": 2, LATENCY: 1}
 BULK = 500
 POLL = 0.05
@@ -90,15 +94,17 @@ STOP_GRACE = 3.0  # seconds a worker has to exit after SIGTERM before it gets SI
 LATENCY_WARMUP = 5  # first samples of a latency run, dropped (connections, caches, worker start)
 LATENCY_IDLE = 1.0  # seconds the worker idles after "go" before the first job of a latency run
 SYSTEMS = [
+    FLOOR,
     "bgq-pg-work",
-    "bgq-pg-cron",
     "bgq-pg-broker",
+    "bgq-pg-cron",
     "bgq-my-work",
-    "bgq-my-cron",
     "bgq-my-broker",
-    "procrastinate",
+    "bgq-my-cron",
     "pgqueuer",
+    "procrastinate",
     "celery",
+    "celery-confirm",
 ]
 
 
@@ -135,10 +141,6 @@ def worker_logger(mode: str) -> logging.Logger:
     return log
 
 
-def noop(*args, **kwargs) -> None:
-    return None
-
-
 _STAMP_FD: int | None = None  # in a latency worker: the write end of the harness's pipe
 
 
@@ -147,10 +149,20 @@ def stamp(seq: int) -> None:
     os.write(_STAMP_FD, f"{seq} {time.time():.6f}\n".encode())
 
 
-def span(seq: int) -> None:
-    """The cron case's callback: tells the harness when it started and when it ended."""
-    os.write(_STAMP_FD, f"{seq} {time.time():.6f}\n".encode())
-    os.write(_STAMP_FD, f"{seq} {time.time():.6f} end\n".encode())
+_JOB_FILE: int | None = None  # in a worker process: its own O_APPEND stamp file, opened at the first job
+_STAMP_DIR: str | None = None  # where the worker processes of one run write their stamp files
+STAMP_LINE = 47  # bytes per stamp line: "%10d %17.6f %17.6f\n"
+
+
+def job(seq: int) -> None:
+    """The callback of every throughput job: a no-op that appends, in one write to its process's own
+    O_APPEND file, its job number and the `time.time()` of its first and its last statement."""
+    global _JOB_FILE
+    start = time.time()
+    if _JOB_FILE is None:
+        path = os.path.join(_STAMP_DIR or os.environ["BENCH_STAMP_DIR"], f"stamps-{os.getpid()}")
+        _JOB_FILE = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(_JOB_FILE, b"%10d %17.6f %17.6f\n" % (seq, start, time.time()))
 
 
 def cron_app():
@@ -158,11 +170,9 @@ def cron_app():
     $BENCH_CRON_SPEC; its callbacks write into the harness's pipe, inherited as $BENCH_STAMP_FD."""
     import bgq
 
-    global _STAMP_FD
     spec = json.loads(os.environ["BENCH_CRON_SPEC"])
-    _STAMP_FD = int(os.environ["BENCH_STAMP_FD"])
     return bgq.Queue(
-        callbacks={"span": span},
+        callbacks={"job": job},
         database_url=spec["url"],
         table_name=spec["table"],
         queue=spec["queue"],
@@ -236,8 +246,10 @@ class System:
     groups_supported = True
     latency_supported = True
     graceful_stop = False  # its workers run under bgq.stopping.GracefulStop: SIGTERM must end them with 0
-    #: the label of a row whose enqueue cells this row shares (same publish path), if it runs too
-    enqueue_same_as: str | None = None
+    #: the label of a row whose processing cells this row shares (same workers), if it runs too
+    processing_same_as: str | None = None
+    #: the throughput cases it runs (bgq cron: only its own cron case)
+    cases: tuple[str, ...] = tuple(CASES)
 
     def label(self) -> str:
         return f"{self.name} / {self.mode} / {self.dialect}"
@@ -265,6 +277,8 @@ class Bgq(System):
         self.mode = mode  # "work" (bgq work), "cron" (bgq process) or "broker" (bgq consume)
         self.broker = mode == "broker"
         self.latency_supported = mode != "cron"  # cron mode runs a job at the next cron start
+        if mode == "cron":  # its enqueue path is the work rows'; its processing is the cron case
+            self.cases = (CRON,)
         self.graceful_stop = mode != "cron"  # cron workers exit by themselves once all jobs are done
         self.created = False  # set before the first database object is created
         self.table = f"bgqb_{uuid.uuid4().hex[:8]}"
@@ -285,7 +299,7 @@ class Bgq(System):
         if self.dialect == "postgres":
             self.db_name = pg_create_db("bgq")
             self.url = pg_dsn(self.db_name).replace("postgresql://", "postgresql+psycopg://")
-        q = bgq.Queue(callbacks={"noop": noop}, database_url=self.url, table_name=self.table)
+        q = bgq.Queue(callbacks={"job": job}, database_url=self.url, table_name=self.table)
         q.install()
         q.close()
         self._engine = create_engine(self.url, isolation_level="AUTOCOMMIT", pool_size=1)
@@ -299,7 +313,7 @@ class Bgq(System):
 
             producer = RabbitMQ(AMQP_URL)
         return bgq.Queue(
-            callbacks={"noop": noop, "stamp": stamp},
+            callbacks={"job": job, "stamp": stamp},
             database_url=self.url,
             table_name=self.table,
             queue=self.qname,
@@ -321,7 +335,7 @@ class Bgq(System):
             if bulk:
                 q.start_bulk()
             for i in range(n):
-                q.publish("noop", serial_group=group_of(i, groups))
+                q.publish("job", [i], serial_group=group_of(i, groups))
                 if i % 100 == 0:
                     bounded(deadline)
             if bulk:
@@ -330,7 +344,7 @@ class Bgq(System):
             q.close()
 
     def enqueue_backlog(self, n: int, groups: int, deadline: float) -> None:
-        """The cron case's backlog, in bulk: N // 10 ungrouped `span` jobs, the rest spread at
+        """The cron case's backlog, in bulk: N // 10 ungrouped jobs, the rest spread at
         random over `groups` groups, priorities 1-3 at random, the two kinds in random id order."""
         rng = random.Random(9)
         kinds = [None] * (n // 10) + [f"g{rng.randrange(groups)}" for _ in range(n - n // 10)]
@@ -339,7 +353,7 @@ class Bgq(System):
         try:
             q.start_bulk()
             for i, group in enumerate(kinds):
-                q.publish("span", [i], serial_group=group, priority=rng.choice(CRON_PRIORITIES))
+                q.publish("job", [i], serial_group=group, priority=rng.choice(CRON_PRIORITIES))
                 if i % 100 == 0:
                     bounded(deadline)
             q.end_bulk()
@@ -383,7 +397,7 @@ def bgq_queue(url: str, table: str, qname: str, bulk_size: int):
     import bgq
 
     return bgq.Queue(
-        callbacks={"span": span},
+        callbacks={"job": job},
         database_url=url,
         table_name=table,
         queue=qname,
@@ -410,27 +424,26 @@ class Procrastinate(System):
         self.conn.execute("TRUNCATE procrastinate_jobs CASCADE")
 
     def enqueue(self, n: int, bulk: bool, groups: int | None, deadline: float) -> None:
-        task = self.app.tasks["bench_noop"]
+        task = self.app.tasks["bench_job"]
         with self.app.open():
             if bulk:
                 for start in range(0, n, BULK):
                     count = min(BULK, n - start)
                     if groups is None:
-                        task.batch_defer(*[{} for _ in range(count)])
+                        task.batch_defer(*[{"seq": i} for i in range(start, start + count)])
                     else:  # a lock is per job: one batch per lock value
-                        by_lock: dict[str, int] = {}
+                        by_lock: dict[str, list[dict]] = {}
                         for i in range(start, start + count):
-                            lock = group_of(i, groups)
-                            by_lock[lock] = by_lock.get(lock, 0) + 1
-                        for lock, k in by_lock.items():
-                            task.configure(lock=lock).batch_defer(*[{} for _ in range(k)])
+                            by_lock.setdefault(group_of(i, groups), []).append({"seq": i})
+                        for lock, kwargs in by_lock.items():
+                            task.configure(lock=lock).batch_defer(*kwargs)
                     bounded(deadline)
             else:
                 for i in range(n):
                     if groups is None:
-                        task.defer()
+                        task.defer(seq=i)
                     else:
-                        task.configure(lock=group_of(i, groups)).defer()
+                        task.configure(lock=group_of(i, groups)).defer(seq=i)
                     if i % 100 == 0:
                         bounded(deadline)
 
@@ -460,9 +473,9 @@ def make_procrastinate(dsn: str):
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
 
-    @app.task(name="bench_noop")
-    def bench_noop() -> None:
-        return None
+    @app.task(name="bench_job")
+    def bench_job(seq: int) -> None:
+        job(seq)
 
     @app.task(name="bench_stamp")
     def bench_stamp(seq: int) -> None:
@@ -472,6 +485,8 @@ def make_procrastinate(dsn: str):
 
 
 class PgQueuer(System):
+    """pgqueuer on asyncpg, the driver its documentation leads with (`PgQueuer.from_asyncpg_connection`)."""
+
     name, mode, dialect = "pgqueuer", "worker", "postgres"
 
     def setup(self) -> None:
@@ -480,15 +495,18 @@ class PgQueuer(System):
         self.db_name = pg_create_db("pgq")
         self.dsn = pg_dsn(self.db_name)
         asyncio.run(self._install())
-        self.conn = psycopg.connect(self.dsn, autocommit=True)
+        self.conn = psycopg.connect(self.dsn, autocommit=True)  # the harness's own counting
         self.total = 0
 
     async def _install(self) -> None:
-        import psycopg
-        from pgqueuer import PsycopgDriver, Queries
+        import asyncpg
+        from pgqueuer import AsyncpgDriver, Queries
 
-        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-            await Queries(PsycopgDriver(conn)).install()
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await Queries(AsyncpgDriver(conn)).install()
+        finally:
+            await conn.close()
 
     def reset(self, case: str) -> None:
         self.conn.execute("TRUNCATE pgqueuer")
@@ -499,24 +517,27 @@ class PgQueuer(System):
         asyncio.run(self._enqueue(n, bulk, groups, deadline))
 
     async def _enqueue(self, n: int, bulk: bool, groups: int | None, deadline: float) -> None:
-        import psycopg
-        from pgqueuer import PsycopgDriver, Queries
+        import asyncpg
+        from pgqueuer import AsyncpgDriver, Queries
 
         def ep(i: int) -> str:
-            return "noop" if groups is None else f"noop_{i % groups}"
+            return "job" if groups is None else f"job_{i % groups}"
 
-        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-            q = Queries(PsycopgDriver(conn))
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            q = Queries(AsyncpgDriver(conn))
             if bulk:
                 for start in range(0, n, BULK):
                     idx = range(start, min(n, start + BULK))
-                    await q.enqueue([ep(i) for i in idx], [None] * len(idx), [0] * len(idx))
+                    await q.enqueue([ep(i) for i in idx], [str(i).encode() for i in idx], [0] * len(idx))
                     bounded(deadline)
             else:
                 for i in range(n):
-                    await q.enqueue(ep(i), None)
+                    await q.enqueue(ep(i), str(i).encode())
                     if i % 100 == 0:
                         bounded(deadline)
+        finally:
+            await conn.close()
 
     def done(self) -> int:  # finished jobs leave the pgqueuer table (they are logged in pgqueuer_log)
         return self.total - self.conn.execute("SELECT COUNT(*) FROM pgqueuer").fetchone()[0]
@@ -526,12 +547,12 @@ class PgQueuer(System):
 
     @contextlib.contextmanager
     def latency_publisher(self) -> Iterator[Callable[[int], object]]:
-        import psycopg
-        from pgqueuer import PsycopgDriver, Queries
+        import asyncpg
+        from pgqueuer import AsyncpgDriver, Queries
 
         async def connect():
-            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-            return conn, Queries(PsycopgDriver(conn))
+            conn = await asyncpg.connect(self.dsn)
+            return conn, Queries(AsyncpgDriver(conn))
 
         loop = asyncio.new_event_loop()
         try:
@@ -551,9 +572,20 @@ class PgQueuer(System):
 
 
 class Celery(System):
+    """celery on RabbitMQ; `confirm=True`: the producer waits for RabbitMQ's publisher confirm of each
+    message (`broker_transport_options={"confirm_publish": True}`), so a returned `apply_async`
+    means the broker has the message."""
+
     name, mode, dialect = "celery", "worker", "rabbitmq"
     bulk_supported = False
     groups_supported = False
+
+    def __init__(self, confirm: bool = False) -> None:
+        self.confirm = confirm
+        if confirm:
+            self.mode = "worker, publisher confirms"
+            self.latency_supported = False  # the same workers; only the publish differs
+            self.cases = ("a",)
 
     def setup(self) -> None:
         self.queues_used: list[str] = []
@@ -564,25 +596,25 @@ class Celery(System):
         self.queues_used.append(self.qname)
 
     def enqueue(self, n: int, bulk: bool, groups: int | None, deadline: float) -> None:
-        app, task, _stamp = make_celery(self.qname, None)
+        app, task, _stamp = make_celery(self.qname, self.confirm)
         try:
             with app.producer_or_acquire() as producer:
                 for i in range(n):
-                    task.apply_async(producer=producer)
+                    task.apply_async(args=[i], producer=producer)
                     if i % 100 == 0:
                         bounded(deadline)
         finally:
             app.close()
 
-    def done(self) -> int:
-        return sum(p.stat().st_size for p in Path(self.done_dir).glob("done-*"))
+    def done(self) -> int:  # no result backend: the stamps are the record
+        return stamp_count(Path(self.done_dir)) if self.done_dir else 0
 
     def worker_spec(self, case: str) -> dict:
-        return {"queue": self.qname, "done_dir": self.done_dir}
+        return {"queue": self.qname}
 
     @contextlib.contextmanager
     def latency_publisher(self) -> Iterator[Callable[[int], object]]:
-        app, _task, stamp_task = make_celery(self.qname, None)
+        app, _task, stamp_task = make_celery(self.qname, self.confirm)
         try:
             with app.producer_or_acquire() as producer:
                 yield lambda seq: stamp_task.apply_async(args=[seq], producer=producer)
@@ -593,7 +625,7 @@ class Celery(System):
         amqp_delete(self.queues_used + ["celery.pidbox"])
 
 
-def make_celery(qname: str, done_dir: str | None):
+def make_celery(qname: str, confirm: bool = False):
     from celery import Celery as CeleryApp
 
     app = CeleryApp("bench", broker=AMQP_URL)
@@ -603,21 +635,18 @@ def make_celery(qname: str, done_dir: str | None):
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=False,
     )
-    state: dict[str, int] = {}
+    if confirm:
+        app.conf.broker_transport_options = {"confirm_publish": True}
 
-    @app.task(name="bench.noop")
-    def bench_noop() -> None:
-        if done_dir:  # one byte per finished job, in this worker's own file
-            if "fd" not in state:
-                path = os.path.join(done_dir, f"done-{os.getpid()}")
-                state["fd"] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            os.write(state["fd"], b"x")
+    @app.task(name="bench.job")
+    def bench_job(seq: int) -> None:
+        job(seq)
 
     @app.task(name="bench.stamp")
     def bench_stamp(seq: int) -> None:
         stamp(seq)
 
-    return app, bench_noop, bench_stamp
+    return app, bench_job, bench_stamp
 
 
 # --- worker processes -----------------------------------------------------------------------------
@@ -625,8 +654,9 @@ def make_celery(qname: str, done_dir: str | None):
 
 def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
     """Runs in a subprocess: prepare, signal ready, wait for go, then work until stopped or done."""
-    global _STAMP_FD
+    global _STAMP_FD, _STAMP_DIR
     _STAMP_FD = spec.get("stamp_fd")
+    _STAMP_DIR = spec.get("stamp_dir")
 
     def barrier() -> None:
         Path(ready).touch()
@@ -647,7 +677,7 @@ def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
 
             producer = RabbitMQ(AMQP_URL)
         queue = bgq.Queue(
-            callbacks={"noop": noop, "stamp": stamp},
+            callbacks={"job": job, "stamp": stamp},
             database_url=spec["url"],
             table_name=spec["table"],
             queue=spec["queue"],
@@ -662,24 +692,11 @@ def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
             with GracefulStop() as stop:  # what `bgq work` runs; SIGTERM ends it
                 work(queue, sub_queue=None, priorities=None, stop=stop)
             return
-        if mode == "broker":
-            from bgq.consumer import consume
+        from bgq.consumer import consume  # broker mode (cron mode runs `bgq process`: run_cron)
 
-            barrier()
-            with GracefulStop() as stop:  # what `bgq consume` runs; SIGTERM ends it
-                consume(queue, None, 0, [1], stop)
-            return
         barrier()
-        table = spec["table"]
-        while True:  # cron mode: loop process() until no unfinished job is left
-            report = queue.process()
-            if report.outcomes.get("claimed"):
-                continue
-            with queue.database.transaction() as conn:
-                left = conn.exec_driver_sql(f"SELECT COUNT(*) FROM {table} WHERE state <> 3").scalar_one()
-            if left == 0:
-                return
-            time.sleep(POLL)
+        with GracefulStop() as stop:  # what `bgq consume` runs; SIGTERM ends it
+            consume(queue, None, 0, [1], stop)
     elif kind == "procrastinate":
         app = make_procrastinate(spec["dsn"])
         logging.getLogger("procrastinate").setLevel(logging.ERROR)
@@ -688,34 +705,33 @@ def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
     elif kind == "pgqueuer":
 
         async def run() -> None:
-            import psycopg
+            import asyncpg
             from pgqueuer import PgQueuer as PgQ
-            from pgqueuer import PsycopgDriver
 
-            conn = await psycopg.AsyncConnection.connect(spec["dsn"], autocommit=True)
-            pgq = PgQ(PsycopgDriver(conn))
+            conn = await asyncpg.connect(spec["dsn"])
+            pgq = PgQ.from_asyncpg_connection(conn)  # its documented asyncpg setup
 
-            async def handler(job) -> None:
-                return None
+            async def handler(pgq_job) -> None:
+                job(int(pgq_job.payload))
 
-            async def stamp_handler(job) -> None:
-                stamp(int(job.payload))
+            async def stamp_handler(pgq_job) -> None:
+                stamp(int(pgq_job.payload))
 
             groups = spec["groups"]
             if spec["latency"]:
                 pgq.entrypoint("stamp")(stamp_handler)
             elif groups is None:
-                pgq.entrypoint("noop")(handler)
-            else:  # one entrypoint per group, each serialised (concurrency_limit=1)
+                pgq.entrypoint("job")(handler)
+            else:  # one entrypoint per group; concurrency_limit=1 serialises it across all workers
                 for g in range(groups):
-                    pgq.entrypoint(f"noop_{g}", concurrency_limit=1)(handler)
+                    pgq.entrypoint(f"job_{g}", concurrency_limit=1)(handler)
             barrier()
             await pgq.run()
 
         logging.getLogger("pgqueuer").setLevel(logging.ERROR)
         asyncio.run(run())
     elif kind == "celery":
-        app, _task, _stamp = make_celery(spec["queue"], spec["done_dir"])
+        app, _task, _stamp = make_celery(spec["queue"])
         barrier()
         app.worker_main(
             [
@@ -763,7 +779,7 @@ class Workers:
         self.procs: list[subprocess.Popen] = []
         if isinstance(system, Celery):
             system.done_dir = str(self.tmp)
-        spec = json.dumps({**system.worker_spec(case), **(extra or {})})
+        spec = json.dumps({**system.worker_spec(case), "stamp_dir": str(self.tmp), **(extra or {})})
         pass_fds = (extra["stamp_fd"],) if extra and "stamp_fd" in extra else ()
         tag = f"{system.name}-{system.mode}-{system.dialect}-{case}"
         try:
@@ -809,21 +825,57 @@ class Workers:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def run_processing(system: System, case: str, n: int, timeout: float, logdir: Path) -> str:
+VERIFY_WAIT = 20.0  # seconds the system gets, after the last callback, to record N jobs done (untimed)
+
+
+def stamp_count(directory: Path) -> int:
+    """How many job callbacks have ended: the stamp files' bytes over the fixed line length."""
+    return sum(p.stat().st_size for p in directory.glob("stamps-*")) // STAMP_LINE
+
+
+def read_stamps(directory: Path) -> dict:
+    """count (distinct jobs), twice (callbacks of a job seen before), first start, last end."""
+    seen: set[int] = set()
+    twice = 0
+    first, last = math.inf, -math.inf
+    for path in directory.glob("stamps-*"):
+        for line in path.read_bytes().splitlines():
+            seq, start, end = line.split()
+            if int(seq) in seen:
+                twice += 1
+            seen.add(int(seq))
+            first = min(first, float(start))
+            last = max(last, float(end))
+    return {"count": len(seen), "twice": twice, "first": first, "last": last}
+
+
+def run_processing(system: System, case: str, n: int, timeout: float, logdir: Path) -> dict:
+    """Enqueued N jobs -> workers -> "go"; jobs/s = N / (last callback end - first callback start),
+    from the stamps the callbacks write. Then (untimed) the system must record all N as done."""
     workers = Workers(system, case, logdir)
     try:
         if not workers.go():
-            return "error (worker start)"
-        started = time.monotonic()
-        deadline = started + timeout
-        while True:
-            if system.done() >= n:
-                return f"{n / (time.monotonic() - started):.0f}"
-            if time.monotonic() > deadline:
-                return f"timeout ({system.done()}/{n} in {timeout:.0f}s)"
-            if workers.all_exited() and system.done() < n:
-                return "error (workers exited)"
+            return {"error": "error (worker start)"}
+        deadline = time.monotonic() + timeout
+        while stamp_count(workers.tmp) < n:
+            if time.monotonic() > deadline or workers.all_exited():
+                break
             time.sleep(POLL)
+        st = read_stamps(workers.tmp)
+        out = {"n": n, "done": st["count"], "twice": st["twice"]}
+        if st["count"] >= 2:
+            out["seconds"] = st["last"] - st["first"]
+        if st["count"] < n:
+            out["error"] = "workers exited" if workers.all_exited() else f"timeout ({st['count']}/{n})"
+            return out
+        out["rate"] = n / out["seconds"]
+        limit = time.monotonic() + VERIFY_WAIT
+        while system.done() < n and time.monotonic() < limit:
+            time.sleep(POLL)
+        recorded = system.done()
+        if recorded < n:
+            out["note"] = f"{recorded}/{n} recorded done {VERIFY_WAIT:.0f}s after the last callback"
+        return out
     finally:
         workers.stop()
 
@@ -929,12 +981,13 @@ def bgq_command() -> str:
     return str(script) if script.exists() else (shutil.which("bgq") or "bgq")
 
 
-def run_cron(system: Bgq, n: int, procs: int, groups: int, timeout: float, logdir: Path) -> dict[str, str]:
+def run_cron(system: Bgq, n: int, procs: int, groups: int, timeout: float, logdir: Path) -> dict:
     """`procs` slots, each running `bgq process` again as soon as the previous run exits, on a
-    backlog of `n` span jobs; jobs/s from the first callback start to the last callback end."""
+    backlog of `n` jobs; jobs/s from the first callback start to the last callback end."""
     system.enqueue_backlog(n, groups, time.monotonic() + timeout)  # untimed
     tmp = Path(tempfile.mkdtemp(prefix="bench-bgq-cron-"))
-    read_fd, write_fd = os.pipe()
+    stamps = tmp / "stamps"
+    stamps.mkdir()
     spec = json.dumps({"url": system.url, "table": system.table, "queue": system.qname})
     tag = f"{system.name}-{system.mode}-{system.dialect}-{CRON}"
     slots: list[subprocess.Popen | None] = [None] * procs
@@ -948,7 +1001,7 @@ def run_cron(system: Bgq, n: int, procs: int, groups: int, timeout: float, logdi
             os.environ,
             BGQ_LOCKS_DIR=str(tmp / f"locks-{i}"),  # its own per-host lock: a separate host
             BENCH_CRON_SPEC=spec,
-            BENCH_STAMP_FD=str(write_fd),
+            BENCH_STAMP_DIR=str(stamps),
         )
         return subprocess.Popen(
             [bgq_command(), "--app", "tools.bench.run:cron_app", "process"],
@@ -957,51 +1010,140 @@ def run_cron(system: Bgq, n: int, procs: int, groups: int, timeout: float, logdi
             start_new_session=True,
             cwd=ROOT,
             env=env,
-            pass_fds=(write_fd,),
         )
 
     try:
-        stamps = Stamps(read_fd)
         deadline = time.monotonic() + timeout
         for i in range(procs):
             slots[i] = start(i)
-        while len(stamps.ended) < n and time.monotonic() < deadline:
-            stamps.read(POLL)
+        while stamp_count(stamps) < n and time.monotonic() < deadline:
+            time.sleep(POLL)
             for i, proc in enumerate(slots):
                 if proc is not None and proc.poll() is not None:
                     failed += proc.returncode != 0
-                    slots[i] = start(i) if len(stamps.ended) < n else None
+                    slots[i] = start(i) if stamp_count(stamps) < n else None
         limit = time.monotonic() + CRON_EXIT_WAIT  # the last runs end once claims find nothing
         while any(p is not None and p.poll() is None for p in slots) and time.monotonic() < limit:
-            stamps.read(POLL)
+            time.sleep(POLL)
         for proc in slots:
             if proc is not None:
                 if proc.poll() is None:
                     kill_group(proc, grace=STOP_GRACE)
                 failed += proc.returncode not in (0, None, -signal.SIGTERM, -signal.SIGKILL)
-        while select.select([read_fd], [], [], 0)[0] and not stamps.closed:
-            stamps.read(0)
+        st = read_stamps(stamps)
     finally:
         for proc in slots:
             if proc is not None:
                 kill_group(proc, grace=STOP_GRACE)
         for log in logs:
             log.close()
-        os.close(write_fd)
-        os.close(read_fd)
         shutil.rmtree(tmp, ignore_errors=True)
-    cell = {"runs": str(runs), "failed": str(failed), "twice": str(stamps.repeated)}
-    done = len(stamps.ended)
-    if done < n:
-        cell["rate"] = f"timeout ({done}/{n} in {timeout:.0f}s)"
-        return cell
-    seconds = max(stamps.ended.values()) - min(stamps.started.values())
-    cell["rate"] = f"{n / seconds:.0f}"
-    cell["seconds"] = f"{seconds:.1f}"
+    out = {"n": n, "runs": runs, "failed": failed, "twice": st["twice"], "done": st["count"]}
+    if st["count"] >= 2:
+        out["seconds"] = st["last"] - st["first"]
+    if st["count"] < n:
+        out["error"] = f"timeout ({st['count']}/{n})"
+        return out
+    out["rate"] = n / out["seconds"]
     finished = system.done()
     if finished != n:
-        cell["rate"] += f" ({finished}/{n} rows FINISHED)"
+        out["note"] = f"{finished}/{n} rows FINISHED"
+    return out
+
+
+def summarise(runs: list[dict], target: float) -> dict:
+    """The cell of a case: median jobs/s with the min-max spread over the repetitions, N, the
+    median span in seconds; a dagger when the median span is below the target."""
+    rates = sorted(r["rate"] for r in runs if "rate" in r)
+    errors = [r["error"] for r in runs if "error" in r]
+    cell: dict = {"n": runs[0].get("n") if runs else None, "reps": len(rates)}
+    notes = sorted({r["note"] for r in runs if r.get("note")} | set(errors))
+    if not rates:
+        cell["text"] = "; ".join(notes) or "no result"
+        return cell
+    med = statistics.median(rates)
+    spans = [r["seconds"] for r in runs if "rate" in r]
+    cell.update(median=med, seconds=statistics.median(spans), twice=sum(r.get("twice", 0) for r in runs))
+    text = f"{med:.0f}" if len(rates) == 1 else f"{med:.0f} ({rates[0]:.0f}–{rates[-1]:.0f})"
+    if cell["seconds"] < target:
+        text += " †"
+    if cell["twice"]:
+        notes.append(f"{cell['twice']} callbacks ran twice")
+    cell["text"] = text + (f" [{'; '.join(notes)}]" if notes else "")
     return cell
+
+
+def calibrate_processing(system: System, case: str, args, logdir: Path) -> tuple[int | None, str]:
+    """A short run of --calib-jobs jobs (at most --calib-seconds): the rate it shows sizes N so that
+    a run lasts about --target seconds. (None, cell text) when even --min-jobs would not finish
+    within --case-timeout."""
+    system.reset(case)
+    n_cal = args.calib_jobs
+    system.enqueue(n_cal, system.bulk_supported, GROUPS[case], time.monotonic() + args.case_timeout)
+    res = run_processing(system, case, n_cal, args.calib_seconds, logdir)
+    done, seconds = res.get("done", 0), res.get("seconds")
+    if done == 0:
+        return None, f"error in calibration ({res.get('error', 'no job ran')})"
+    rate = done / seconds if done >= 2 and seconds else max(done, 1) / args.calib_seconds
+    if rate * args.case_timeout < args.min_jobs:
+        return None, (
+            f"≈ {rate:.1f} (calibration only: {done}/{n_cal} jobs in {args.calib_seconds:.0f}s; "
+            f"{args.min_jobs} jobs would exceed {args.case_timeout:.0f}s)"
+        )
+    return min(args.max_jobs, max(args.min_jobs, math.ceil(rate * args.target * 1.15))), ""
+
+
+def calibrate_enqueue(system: System, case: str, args) -> int:
+    system.reset(case)
+    started = time.monotonic()
+    system.enqueue(args.calib_jobs, case == "b", None, started + args.case_timeout)
+    rate = args.calib_jobs / (time.monotonic() - started)
+    return min(args.max_jobs, max(args.min_jobs, math.ceil(rate * args.enqueue_target * 1.15)))
+
+
+def run_case(system: System, case: str, args, logdir: Path, global_deadline: float) -> dict:
+    if case == "b" and not system.bulk_supported:
+        return {"text": "n/a (no batch API)"}
+    if case in ("e", "f") and not system.groups_supported:
+        return {"text": "n/a (no serial groups)"}
+    if global_deadline - time.monotonic() < 10:
+        return {"text": "skipped (global deadline)"}
+    if case in ("a", "b"):
+        n = calibrate_enqueue(system, case, args)
+        target = args.enqueue_target
+    else:
+        n, why = calibrate_processing(system, case, args, logdir)
+        if n is None:
+            return {"text": why}
+        target = args.target
+    runs = []
+    for _ in range(args.reps):
+        remaining = global_deadline - time.monotonic()
+        if remaining < 10:
+            break
+        timeout = min(args.case_timeout, remaining)
+        system.reset(case)
+        try:
+            if case in ("a", "b"):
+                started = time.monotonic()
+                system.enqueue(n, case == "b", None, started + timeout)
+                took = time.monotonic() - started
+                runs.append({"n": n, "rate": n / took, "seconds": took})
+            else:
+                try:
+                    system.enqueue(n, system.bulk_supported, GROUPS[case], time.monotonic() + timeout)
+                except CaseTimeout:
+                    runs.append({"n": n, "error": "timeout (while enqueueing, untimed)"})
+                    continue
+                runs.append(run_processing(system, case, n, timeout, logdir))
+        except CaseTimeout:
+            runs.append({"n": n, "error": f"timeout ({timeout:.0f}s)"})
+        print(f"      rep {len(runs)}: {fmt_run(runs[-1])}", flush=True)
+    return summarise(runs, target)
+
+
+def fmt_run(run: dict) -> str:
+    return ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in run.items())
 
 
 def run_system(
@@ -1011,18 +1153,19 @@ def run_system(
     latencies: dict,
     global_deadline: float,
     logdir: Path,
-    crons: dict | None = None,
+    crons: dict,
 ) -> None:
-    row = results.setdefault(system.label(), {})
+    row = results.setdefault(system.label(), {}) if system.cases != (CRON,) else {}
     print(f"== {system.label()}", flush=True)
     try:
         system.setup()
     except Exception as exc:
         why = str(exc) if isinstance(exc, NotApplicable) else f"setup failed: {type(exc).__name__}"
-        for c in CASES:
-            row[c] = f"n/a ({why})"
-        if crons is not None and CRON in args.cases and system.mode == CRON:
-            crons[system.label()] = {"rate": f"n/a ({why})"}
+        for c in system.cases:
+            if c == CRON:
+                crons[system.label()] = {"text": f"n/a ({why})"}
+            else:
+                row[c] = {"text": f"n/a ({why})"}
         if args.latency and system.latency_supported:
             latencies[system.label()] = {"p50": f"n/a ({why})"}
         print(f"   setup failed: {exc!r}", flush=True)
@@ -1033,48 +1176,26 @@ def run_system(
         return
     try:
         for case in CASES:
+            if case not in system.cases:
+                if system.processing_same_as and case in PROCESSING:
+                    row[case] = {"text": "= " + system.processing_same_as}
+                elif row is not None and system.cases != (CRON,):
+                    row[case] = {"text": "—"}
+                continue
             if case not in args.cases:
-                row[case] = "not run"
+                row[case] = {"text": "not run"}
                 continue
-            if case in ("a", "b") and system.enqueue_same_as:
-                row[case] = "= cron"  # the same Queue.publish path as the row it names
-                continue
-            if case == "b" and not system.bulk_supported:
-                row[case] = "n/a (no batch API)"
-                continue
-            if case in ("e", "f") and not system.groups_supported:
-                row[case] = "n/a (no serial groups)"
-                continue
-            remaining = global_deadline - time.monotonic()
-            if remaining < 10:
-                row[case] = "skipped (global deadline)"
-                continue
-            timeout = min(args.case_timeout, remaining)
             t0 = time.monotonic()
+            print(f"   {CASE_TITLES[case]}:", flush=True)
             try:
-                system.reset(case)
-                if case in ("a", "b"):
-                    started = time.monotonic()
-                    system.enqueue(args.jobs, case == "b", None, started + timeout)
-                    row[case] = f"{args.jobs / (time.monotonic() - started):.0f}"
-                else:
-                    try:
-                        system.enqueue(
-                            args.jobs, system.bulk_supported, GROUPS[case], time.monotonic() + timeout
-                        )
-                    except CaseTimeout:
-                        row[case] = "timeout (while enqueueing, untimed)"
-                    else:
-                        row[case] = run_processing(system, case, args.jobs, timeout, logdir)
-            except CaseTimeout:
-                row[case] = f"timeout ({timeout:.0f}s)"
+                row[case] = run_case(system, case, args, logdir, global_deadline)
             except Exception as exc:
-                row[case] = f"error ({type(exc).__name__})"
+                row[case] = {"text": f"error ({type(exc).__name__})"}
                 print(f"   {case}: {exc!r}", flush=True)
-            print(f"   {CASE_TITLES[case]}: {row[case]}  [{time.monotonic() - t0:.1f}s]", flush=True)
-        if crons is not None and CRON in args.cases and isinstance(system, Bgq) and system.mode == CRON:
+            print(f"   {CASE_TITLES[case]}: {row[case]['text']}  [{time.monotonic() - t0:.1f}s]", flush=True)
+        if CRON in system.cases and CRON in args.cases and isinstance(system, Bgq):
             crons[system.label()] = cron_of(system, args, global_deadline, logdir)
-        if args.latency:
+        if args.latency and system.latency_supported:
             latencies[system.label()] = latency_of(system, args, global_deadline, logdir)
     finally:
         try:
@@ -1083,24 +1204,65 @@ def run_system(
             print(f"   cleanup failed: {exc!r}", flush=True)
 
 
-def cron_of(system: Bgq, args, global_deadline: float, logdir: Path) -> dict[str, str]:
-    remaining = global_deadline - time.monotonic()
-    if remaining < 10:
-        return {"rate": "skipped (global deadline)"}
+def cron_of(system: Bgq, args, global_deadline: float, logdir: Path) -> dict:
     t0 = time.monotonic()
-    try:
-        system.reset(CRON)
-        cell = run_cron(
-            system, args.jobs, args.cron_procs, args.cron_groups, min(args.case_timeout, remaining), logdir
-        )
-    except CaseTimeout:
-        cell = {"rate": "timeout (while enqueueing, untimed)"}
-    except Exception as exc:
-        print(f"   cron: {exc!r}", flush=True)
-        cell = {"rate": f"error ({type(exc).__name__})"}
-    shown = ", ".join(f"{k} {v}" for k, v in cell.items())
-    print(f"   cron at a backlog: {shown}  [{time.monotonic() - t0:.1f}s]", flush=True)
+    runs = []
+    for _ in range(args.reps):
+        remaining = global_deadline - time.monotonic()
+        if remaining < 10:
+            break
+        try:
+            system.reset(CRON)
+            runs.append(
+                run_cron(
+                    system,
+                    args.cron_jobs,
+                    args.cron_procs,
+                    args.cron_groups,
+                    min(max(args.case_timeout, 4 * args.target), remaining),
+                    logdir,
+                )
+            )
+        except CaseTimeout:
+            runs.append({"n": args.cron_jobs, "error": "timeout (while enqueueing, untimed)"})
+        except Exception as exc:
+            print(f"   cron: {exc!r}", flush=True)
+            runs.append({"n": args.cron_jobs, "error": f"error ({type(exc).__name__})"})
+        print(f"      rep {len(runs)}: {fmt_run(runs[-1])}", flush=True)
+    cell = summarise(runs, args.target) if runs else {"text": "skipped (global deadline)"}
+    if runs:
+        cell["runs"] = "/".join(str(r.get("runs", "?")) for r in runs)
+        cell["failed"] = sum(r.get("failed", 0) for r in runs)
+        cell["twice"] = sum(r.get("twice", 0) for r in runs)
+    print(f"   cron at a backlog: {cell['text']}  [{time.monotonic() - t0:.1f}s]", flush=True)
     return cell
+
+
+def run_floor(args) -> dict:
+    """Commits/s of one INSERT + COMMIT per transaction, 1 and 2 clients, per dialect; median of
+    --reps runs of --floor-seconds each."""
+    from tools.bench.floor import measure, settings
+
+    urls = {"postgres": PG_ADMIN, "mariadb": MYSQL_URL}
+    out: dict = {}
+    for dialect, url in urls.items():
+        print(f"== commit floor / {dialect}", flush=True)
+        try:
+            out[(dialect, "settings")] = settings(dialect, url)
+        except Exception as exc:
+            out[(dialect, "settings")] = f"unreachable ({type(exc).__name__})"
+            continue
+        for clients in (1, 2):
+            rates = []
+            for _ in range(args.reps):
+                try:
+                    rates.append(measure(dialect, url, clients, args.floor_seconds))
+                except Exception as exc:
+                    print(f"   floor {dialect} x{clients}: {exc!r}", flush=True)
+            runs = [{"rate": r, "seconds": args.floor_seconds, "n": None} for r in rates]
+            out[(dialect, clients)] = summarise(runs, 0) if runs else {"text": "error"}
+            print(f"   {clients} client(s): {out[(dialect, clients)]['text']} commits/s", flush=True)
+    return out
 
 
 def latency_of(system: System, args, global_deadline: float, logdir: Path) -> dict[str, str]:
@@ -1125,56 +1287,97 @@ def latency_of(system: System, args, global_deadline: float, logdir: Path) -> di
 
 # --- report ---------------------------------------------------------------------------------------
 
-TIMEOUT_CELL = re.compile(r"timeout \((?:\d+/\d+ in )?(\d+(?:\.\d+)?)s\)$")
 
-
-def number(cell: str | None) -> float | None:
-    try:
-        return float(cell)
-    except (TypeError, ValueError):
-        return None
-
-
-def peer_bound(cell: str | None, n: int) -> float | None:
-    """A peer that timed out after T s did N jobs at less than N / T jobs/s: an upper bound."""
-    match = TIMEOUT_CELL.match(cell or "")
-    return n / float(match.group(1)) if match else None
-
-
-def ratio(results: dict, case: str, n: int) -> str:
-    ours = [number(r.get(case)) for lbl, r in results.items() if lbl.startswith("bgq ")]
-    ours = [v for v in ours if v is not None]
-    peer_rows = [r.get(case) for lbl, r in results.items() if not lbl.startswith("bgq ")]
-    exact = [v for v in map(number, peer_rows) if v is not None]
-    bounds = [v for v in (peer_bound(c, n) for c in peer_rows) if v is not None]
-    if not ours or not (exact or bounds):
+def ratio(results: dict, case: str) -> str:
+    """The best bgq median over the best peer median; cells without a measured median do not count."""
+    ours = [
+        r[case]["median"]
+        for lbl, r in results.items()
+        if lbl.startswith("bgq ") and "median" in r.get(case, {})
+    ]
+    peers = [
+        r[case]["median"]
+        for lbl, r in results.items()
+        if not lbl.startswith("bgq ") and "median" in r.get(case, {})
+    ]
+    if not ours or not peers:
         return "n/a"
-    best_exact = max(exact, default=0.0)
-    best_bound = max(bounds, default=0.0)
-    if best_bound > best_exact:  # the best peer may be one that timed out: a lower bound on the ratio
-        return f"≥ {max(ours) / best_bound:.2f}"
-    return f"{max(ours) / best_exact:.2f}"
+    return f"{max(ours) / max(peers):.2f}"
 
 
-def table(results: dict, n: int) -> str:
+def table(results: dict) -> str:
     lines = [
         "| system / mode / dialect | " + " | ".join(CASE_TITLES[c] for c in CASES) + " |",
         "|---" * (len(CASES) + 1) + "|",
     ]
     for label, row in results.items():
-        lines.append(f"| {label} | " + " | ".join(row.get(c, "") for c in CASES) + " |")
-    ratios = [ratio(results, c, n) for c in CASES]
-    lines.append("| **bgq best / best peer** | " + " | ".join(ratios) + " |")
+        lines.append(f"| {label} | " + " | ".join(row.get(c, {}).get("text", "") for c in CASES) + " |")
+    lines.append("| **bgq best / best peer** | " + " | ".join(ratio(results, c) for c in CASES) + " |")
+    return "\n".join(lines)
+
+
+def sizes_table(results: dict, crons: dict) -> str:
+    """N and the median measured span of each measured cell."""
+    lines = [
+        "| system / mode / dialect | " + " | ".join(CASE_TITLES[c] for c in [*CASES, CRON]) + " |",
+        "|---" * (len(CASES) + 2) + "|",
+    ]
+
+    def size(cell: dict | None) -> str:
+        if not cell or "median" not in cell:
+            return ""
+        return f"{cell['n']} / {cell['seconds']:.1f}s"
+
+    for label, row in results.items():
+        lines.append(f"| {label} | " + " | ".join(size(row.get(c)) for c in CASES) + " | |")
+    for label, cell in crons.items():
+        lines.append(f"| {label} | " + " | " * len(CASES) + size(cell) + " |")
+    return "\n".join(lines)
+
+
+def floor_table(floors: dict) -> str:
+    lines = ["| dialect | 1 client | 2 clients | durability settings |", "|---|---|---|---|"]
+    for dialect in ("postgres", "mariadb"):
+        if (dialect, "settings") not in floors:
+            continue
+        cells = [floors.get((dialect, k), {}).get("text", "") for k in (1, 2)]
+        lines.append(f"| {dialect} | {cells[0]} | {cells[1]} | {floors[(dialect, 'settings')]} |")
+    return "\n".join(lines)
+
+
+def dialect_of(label: str) -> str:
+    return "postgres" if label.endswith("/ postgres") else "mariadb"
+
+
+def fraction_table(results: dict, crons: dict, floors: dict) -> str:
+    """Each bgq median over the commit floor of its dialect at its client count (FLOOR_CLIENTS)."""
+    cols = [*CASES, CRON]
+    lines = [
+        "| system / mode / dialect | " + " | ".join(CASE_TITLES.get(c, c) for c in cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]
+    rows = {lbl: r for lbl, r in results.items() if lbl.startswith("bgq ")}
+    rows.update({lbl: {CRON: c} for lbl, c in crons.items()})
+    for label, row in rows.items():
+        cells = []
+        for c in cols:
+            floor = floors.get((dialect_of(label), FLOOR_CLIENTS[c]), {}).get("median")
+            med = row.get(c, {}).get("median")
+            cells.append(f"{med / floor:.2f}" if med and floor else "")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def cron_table(crons: dict) -> str:
     lines = [
-        "| system / mode / dialect | jobs/s | seconds | runs | runs that failed | jobs run twice |",
-        "|---|---|---|---|---|---|",
+        "| system / mode / dialect | jobs/s | seconds | N | runs started (per rep) | runs that failed "
+        "| jobs run twice |",
+        "|---|---|---|---|---|---|---|",
     ]
     for label, cell in crons.items():
-        cols = [cell.get(k, "") for k in ("rate", "seconds", "runs", "failed", "twice")]
+        secs = f"{cell['seconds']:.1f}" if "seconds" in cell else ""
+        cols = [cell.get("text", ""), secs, str(cell.get("n", ""))]
+        cols += [str(cell.get(k, "")) for k in ("runs", "failed", "twice")]
         lines.append(f"| {label} | " + " | ".join(cols) + " |")
     return "\n".join(lines)
 
@@ -1264,59 +1467,124 @@ def head_timing(sizes: str, remaining: float) -> str:
 
 
 def write_doc(
-    path: Path, args, md: str, cron_md: str, latency_md: str, head: str, started_at: str, total: float
+    path: Path, args, tables: dict, latency_md: str, head: str, started_at: str, total: float
 ) -> None:
     nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     options = " ".join(sys.argv[1:]) or "(defaults)"
     gap_lo, gap_hi = 0.5 * args.latency_gap * 1000, 1.5 * args.latency_gap * 1000
+    quick = (
+        "\n**This is a smoke run (`--quick`): N is tiny and there is one repetition; its figures measure "
+        "start-up and polling more than processing and are not results.**\n"
+        if args.quick
+        else ""
+    )
     doc = f"""# Benchmarks
 
 Generated by `tools/bench/run.py` on {started_at} (`date -u`); the run took {total:.0f} s.
-
-- N = {args.jobs} no-op jobs per case; `nproc` = {nproc}; Python {sys.version.split()[0]}
+{quick}
+- `nproc` = {nproc}; Python {sys.version.split()[0]}
 - options: `{options}`
 - packages: {", ".join(versions())}
 - servers: {", ".join(server_versions())}
 
 How to run: `make bench` (creates `.venv-bench` from `tools/bench/requirements.txt` plus bgq from
 this source tree, and runs `.venv-bench/bin/python tools/bench/run.py`; pass options with
-`BENCH_ARGS="--jobs 2000"`; `run.py --help` lists them). The run is bounded: {args.case_timeout:.0f} s
-per case, {args.latency_timeout:.0f} s per latency run, {args.deadline:.0f} s for all systems.
+`BENCH_ARGS="--systems floor,bgq-pg-work,pgqueuer --cases a,c,d"`; `run.py --help` lists them;
+`--quick` is a smoke run of a few minutes whose figures are not results).
 
-## Throughput (jobs/s)
+## Method
 
-Cells are jobs/s (N / wall time). Enqueue cases time the client calls in one process. Processing
-cases enqueue N jobs first (untimed), start the worker processes (one process per worker), wait
-until every worker has imported its code and connected, then time from "go" until the database
-reports N jobs done (bgq: N rows in state FINISHED; celery: the workers' done-files hold N bytes).
-Then the workers get SIGTERM. A processing cell that does not finish within the per-case timeout
-shows `timeout (done/N in …)`.
+**What a figure is.** Every job's callback is a no-op that appends one line to its worker
+process's own file (opened `O_APPEND`, one `write` per job): the job's number, `time.time()` at
+its first statement and `time.time()` at its last. A processing figure is
+N / (last callback end − first callback start) over all worker processes, so it does not include
+the workers' start, the harness's polling, or the time a system takes to record the last job as
+done; it is the rate at which jobs ran once they were running. (The harness still waits, untimed,
+up to {VERIFY_WAIT:.0f} s for the system to record N jobs done — bgq: N rows FINISHED, pgqueuer: its
+table empty, procrastinate: N jobs `succeeded` — and shows it beside the figure if it did not;
+celery has no result backend here, its stamps are its record. A job whose callback ran twice
+is shown too.) An enqueue figure is N / (wall time of the N client calls) in one process.
 
-- bgq work: worker processes call `bgq.work.work(queue, sub_queue=None, priorities=None,
-  stop=stop)` inside `bgq.stopping.GracefulStop` (what `bgq work` runs, one process per worker); on
-  PostgreSQL they wake on LISTEN/NOTIFY, on MariaDB they poll adaptively. The enqueue cells of a
-  work row read `= cron` when the cron row of the same dialect is in the run: publishing is the
-  same `Queue.publish` / `start_bulk()` call into the same kind of table whichever worker
-  processes the jobs, so those calls are measured once, in the cron row, and not again.
-- bgq cron: worker processes loop `queue.process()` until no unfinished job is left (several
-  cron workers race for the same due ids; the loser's claim is refused by the procedure).
-- bgq broker: worker processes run `bgq.consumer.consume` (what `bgq consume` runs) on RabbitMQ.
-- bgq bulk: `start_bulk()` / `end_bulk()` with `bulk_size=500`; groups: `serial_group="one"` or
-  `"g<i % 100>"`. Between cases the bgq tables are emptied with TRUNCATE.
-- procrastinate: `task.defer()` / `task.batch_defer()` (500 per call), workers
-  `app.run_worker(concurrency=1)`; groups: `configure(lock=...)`.
-- pgqueuer: `Queries.enqueue()` (lists of 500 for bulk), workers `PgQueuer.run()` with default
-  batch size; groups: one entrypoint per group with `concurrency_limit=1` (serialised dispatch).
-- celery: `apply_async()` on one producer connection, workers `celery worker --pool=solo` (one
-  process each) on RabbitMQ, no result backend; no batch publish API and no serial groups. Its
-  processing time includes the start of the celery worker, which begins after "go".
+**Size of a run.** Before the measured runs of a case, a calibration run of {args.calib_jobs} jobs
+(at most {args.calib_seconds:.0f} s) gives the system's rate on that case; the measured runs then
+use N = 1.15 × rate × {args.target:.0f} s for a processing case ({args.enqueue_target:.0f} s for an
+enqueue case), at least {args.min_jobs} and at most {args.max_jobs} jobs. So a processing run lasts
+about {args.target:.0f} s whatever the system's speed: start-up and the last poll are a small part of
+it. A cell whose median span came out below the target is marked †. A system so slow on a case
+that {args.min_jobs} jobs would not finish within {args.case_timeout:.0f} s is not run further: its cell
+gives the calibration's rate (≈). The N and median span of every cell are in the table "Run sizes".
 
-The last row divides the best bgq row (work, cron or broker, either dialect) by the best peer row,
-per column; cells that are not numbers do not count. `≥ x` means the best peer may be one that
-timed out: a peer that had not done N jobs after T s runs at less than N / T jobs/s, so bgq's
-ratio to it is at least x.
+**Repetitions.** Every case is run {args.reps} times (fresh tables, emptied with TRUNCATE, and new
+queue names each time; new worker processes each time). A cell is the median jobs/s with the
+lowest and highest of the repetitions in brackets.
 
-{md}
+**Processing runs.** N jobs are enqueued first (untimed; in bulk where the system has a batch
+API), then the worker processes start (one OS process per worker), and are released together
+once each has imported its code and connected. When all N callbacks have run, the workers get
+SIGTERM. A run that has not done N jobs within {args.case_timeout:.0f} s shows `timeout (done/N)`.
+
+**The commit floor.** One INSERT of one row and one COMMIT per transaction, in a loop, from 1
+and from 2 client processes (psycopg on PostgreSQL, PyMySQL on MariaDB — the drivers bgq uses),
+{args.floor_seconds:.0f} s per run, {args.reps} runs, into a fresh table; the servers' own durability
+settings (listed in the table) apply. A durable queue needs at least one commit per job (its
+claim or its finish) unless it batches jobs into one commit, so this is what one commit per job
+would cost at most on this machine. Each bgq cell is also given as a fraction of the floor of
+its dialect: enqueue and 1-worker cells against the 1-client floor, 2-worker and cron cells
+against the 2-client floor. A fraction above 1 means more than one job per commit.
+
+### How each system is set up, and why
+
+- **bgq work** (`bgq-pg-work`, `bgq-my-work`): worker processes call `bgq.work.work(queue,
+  sub_queue=None, priorities=None, stop=stop)` inside `bgq.stopping.GracefulStop`, which is what
+  `bgq work` runs. On PostgreSQL they wake on LISTEN/NOTIFY, on MariaDB they poll adaptively.
+  Enqueue: `Queue.publish()` per job; bulk: `start_bulk()` / `end_bulk()` with `bulk_size=500`.
+  Groups: `serial_group="one"` or `"g<i % 100>"`.
+- **bgq broker** (`bgq-pg-broker`, `bgq-my-broker`): the same table, producer
+  `bgq.broker.rabbitmq.RabbitMQ`; `publish()` commits the row, then sends its id to RabbitMQ;
+  worker processes run `bgq.consumer.consume` (what `bgq consume` runs). Its "(d) 2 workers"
+  cell is the broker-mode 2-worker figure.
+- **bgq cron** (`bgq-pg-cron`, `bgq-my-cron`): its own table below (publishing is the same call
+  as the work rows').
+- **pgqueuer**: on **asyncpg**, the driver its documentation leads with:
+  `PgQueuer.from_asyncpg_connection(await asyncpg.connect(dsn))`, workers `await pgq.run()`
+  with its defaults (batch size 10), which is what its `pgq run` command runs. Enqueue:
+  `Queries(AsyncpgDriver(conn)).enqueue()`, lists of 500 for bulk. Groups: one entrypoint per
+  group registered with `concurrency_limit=1`, which pgqueuer documents as serialising that
+  entrypoint's dispatch across all workers (enforced in its dequeue query). Earlier versions of
+  this page drove it through `PsycopgDriver`, which is slower.
+- **procrastinate**: `procrastinate.App(connector=PsycopgConnector(conninfo=dsn))` (its
+  recommended connector in version 3), `task.defer()` / `task.batch_defer()` (500 per call),
+  workers `app.run_worker(concurrency=1)` (what `procrastinate worker` runs, with its defaults:
+  LISTEN/NOTIFY plus a 5 s poll); groups: `configure(lock=...)`, its way to run jobs of one lock
+  one at a time.
+- **celery**: `apply_async()` on one producer connection to RabbitMQ, no result backend
+  (`task_ignore_result`), workers `celery worker --pool=solo` (one process each, to match one
+  worker per process), default prefetch and early acknowledgement. Two enqueue rows: without
+  publisher confirms (celery's default: `apply_async` returns once the message is written to
+  the socket, so a broker crash can lose it) and with them
+  (`broker_transport_options={{"confirm_publish": True}}`: it returns once RabbitMQ confirmed,
+  the comparable guarantee to a committed row). Processing does not depend on the producer's
+  confirms, so the confirms row's processing cells point to the plain row. celery has no batch
+  publish API and no serial groups.
+
+The last row of the throughput table divides the best bgq median (work or broker, either
+dialect) by the best peer median, per column; cells without a measured median do not count.
+
+## Commit floor (commits/s)
+
+{tables["floor"]}
+
+## Throughput (jobs/s; median, min–max over the repetitions)
+
+{tables["md"]}
+
+### bgq as a fraction of the commit floor
+
+{tables["fraction"]}
+
+### Run sizes (N / median span)
+
+{tables["sizes"]}
 
 ## Cron mode at a backlog (jobs/s)
 
@@ -1324,24 +1592,22 @@ bgq only, so there is no peer column and no ratio: none of procrastinate, pgqueu
 cron mode (a command that a scheduler starts, which runs what is due and exits); they have only
 continuous workers, which the throughput table compares.
 
-For each dialect a backlog of N = {args.jobs} jobs is enqueued first (untimed, `start_bulk()`):
-{args.jobs // 10} of them (N // 10) without a group, the others each in one of G =
+For each dialect a backlog of N = {args.cron_jobs} jobs is enqueued first (untimed, `start_bulk()`):
+{args.cron_jobs // 10} of them (N // 10) without a group, the others each in one of G =
 {args.cron_groups} groups chosen at random (`serial_group="g<k>"`), every job with a random
 priority of 1, 2 or 3, the two kinds in random id order. Then K = {args.cron_procs} slots each run
 `bgq process` (the console script, `--app` a queue with the same table), each slot with its own
 `BGQ_LOCKS_DIR`, so that no run is refused by another's per-host lock: they act as K hosts. A slot
 starts `bgq process` again as soon as the previous run exits, as a cron that starts it every few
-seconds would, without the wait. A run is `bgq work`'s loop that ends when its claims find nothing
-or after 1,000 jobs, so a backlog over K × 1,000 jobs takes several runs per slot, and every run
-after a slot's first includes a new process's start (Python, imports, connecting, the
-installed-procedures check). Each job's callback writes `time.time()` into a pipe as its first and
-its last statement; jobs/s is N / (last callback end - first callback start), `seconds` is that
-span. `runs` counts every `bgq process` started, `runs that failed` those that exited with a status
-other than 0, `jobs run twice` callbacks that started for a job whose callback had already started
-(0 expected). A cell that does not finish within the per-case timeout shows `timeout (done/N in
-…)`; a row count other than N in state FINISHED at the end is shown beside the figure.
+seconds would, without the wait; every run after a slot's first includes a new process's start
+(Python, imports, connecting, the installed-procedures check). jobs/s is N / (last callback end −
+first callback start), from the same stamp files as above, median and min–max of {args.reps}
+repetitions; `seconds` is the median span. `runs started` counts every `bgq process` started per
+repetition, `runs that failed` those that exited with a status other than 0, `jobs run twice`
+callbacks that ran for a job whose callback had already run (0 expected). A row count other than
+N in state FINISHED at the end is shown beside the figure.
 
-{cron_md}
+{tables["cron"]}
 
 ## Single-job latency (ms)
 
@@ -1360,8 +1626,8 @@ remaining ones; a run stops after {args.latency_timeout:.0f} s with the samples 
 - bgq broker: `consume` on RabbitMQ; `publish()` commits the row, then sends the id.
 - bgq cron: not measured: a job waits for the next `bgq process` (cron starts it once a minute).
 - procrastinate: `run_worker(concurrency=1)` with `listen_notify` (its default; polls every 5 s
-  besides). pgqueuer: `PgQueuer.run()`, woken by its NOTIFY trigger. celery: `--pool=solo`,
-  messages pushed by RabbitMQ.
+  besides). pgqueuer (asyncpg): `PgQueuer.run()`, woken by its NOTIFY trigger. celery:
+  `--pool=solo`, messages pushed by RabbitMQ, published without confirms.
 
 {latency_md}
 
@@ -1394,30 +1660,60 @@ runs, in ms; every write is rolled back, so each run sees the same table:
     path.write_text(doc)
 
 
+QUICK = {  # --quick: a smoke run that proves every system and case works, in a few minutes
+    "target": 1.0,
+    "enqueue_target": 0.5,
+    "calib_jobs": 100,
+    "calib_seconds": 5.0,
+    "min_jobs": 20,
+    "max_jobs": 500,
+    "cron_jobs": 300,
+    "reps": 1,
+    "floor_seconds": 1.0,
+    "latency": 20,
+    "case_timeout": 30.0,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=10_000, help="jobs per case (N)")
     parser.add_argument(
         "--systems", default=",".join(SYSTEMS), help=f"comma-separated, in run order: {','.join(SYSTEMS)}"
     )
     parser.add_argument(
         "--cases", default=",".join([*CASES, CRON]), help='throughput cases: a-f, cron, or "none"'
     )
-    parser.add_argument("--case-timeout", type=float, default=120.0, help="seconds per case")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per case (median, min-max)")
+    parser.add_argument("--target", type=float, default=10.0, help="seconds a processing run should last")
+    parser.add_argument(
+        "--enqueue-target", type=float, default=5.0, help="seconds an enqueue run should last"
+    )
+    parser.add_argument("--calib-jobs", type=int, default=1000, help="jobs of the calibration run per case")
+    parser.add_argument("--calib-seconds", type=float, default=8.0, help="time limit of a calibration run")
+    parser.add_argument("--min-jobs", type=int, default=50, help="smallest N of a measured run")
+    parser.add_argument("--max-jobs", type=int, default=200_000, help="largest N of a measured run")
+    parser.add_argument("--case-timeout", type=float, default=60.0, help="seconds per measured run")
+    parser.add_argument("--cron-jobs", type=int, default=10_000, help="cron case: backlog size N")
     parser.add_argument(
         "--cron-procs", type=int, default=4, help="cron case: `bgq process` processes (K), each a host"
     )
     parser.add_argument("--cron-groups", type=int, default=100, help="cron case: serial groups (G)")
+    parser.add_argument("--floor-seconds", type=float, default=5.0, help="seconds per commit-floor run")
     parser.add_argument(
-        "--latency", type=int, default=200, help="single-job latency samples per system (0: none)"
+        "--latency", type=int, default=100, help="single-job latency samples per system (0: none)"
     )
-    parser.add_argument("--latency-timeout", type=float, default=60.0, help="seconds per latency run")
+    parser.add_argument("--latency-timeout", type=float, default=40.0, help="seconds per latency run")
     parser.add_argument(
         "--latency-gap", type=float, default=0.1, help="mean seconds between latency jobs (0.5x-1.5x)"
     )
     parser.add_argument("--head-sizes", default="1000,20000,100000", help="waiting rows for head_timing")
     parser.add_argument("--no-head-timing", action="store_true")
-    parser.add_argument("--deadline", type=float, default=2400.0, help="seconds for all systems")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: tiny N, 1 rep (" + ", ".join(f"{k}={v}" for k, v in QUICK.items()) + ")",
+    )
+    parser.add_argument("--deadline", type=float, default=2700.0, help="seconds for all systems")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--worker", nargs=4, metavar=("KIND", "SPEC", "READY", "GO"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1425,13 +1721,19 @@ def main() -> None:
         kind, spec, ready, go = args.worker
         worker_main(kind, json.loads(spec), ready, go)
         return
+    if args.quick:
+        given = {a.split("=")[0].lstrip("-").replace("-", "_") for a in sys.argv[1:] if a.startswith("--")}
+        for k, v in QUICK.items():
+            if k not in given:
+                setattr(args, k, v)
+        args.no_head_timing = True
     args.cases = set() if args.cases == "none" else set(args.cases.split(","))
     keys = args.systems.split(",")
     unknown = sorted((args.cases - set(CASES) - {CRON}) | (set(keys) - set(SYSTEMS)))
     if unknown:
         parser.error(f"unknown case or system: {', '.join(unknown)}")
-    if args.cron_procs < 1 or args.cron_groups < 1:
-        parser.error("--cron-procs and --cron-groups must be at least 1")
+    if args.cron_procs < 1 or args.cron_groups < 1 or args.reps < 1:
+        parser.error("--cron-procs, --cron-groups and --reps must be at least 1")
 
     started_at = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
     t_start = time.monotonic()
@@ -1446,32 +1748,37 @@ def main() -> None:
         "procrastinate": Procrastinate,
         "pgqueuer": PgQueuer,
         "celery": Celery,
+        "celery-confirm": lambda: Celery(confirm=True),
     }
     logdir = Path(tempfile.mkdtemp(prefix="bench-logs-"))
-    print(f"N = {args.jobs}; worker logs in {logdir}", flush=True)
-    results: dict[str, dict[str, str]] = {}
+    print(
+        f"target {args.target:.0f}s per processing run, {args.reps} reps; worker logs in {logdir}", flush=True
+    )
+    results: dict[str, dict[str, dict]] = {}
     latencies: dict[str, dict[str, str]] = {}
-    crons: dict[str, dict[str, str]] = {}
+    crons: dict[str, dict] = {}
+    floors: dict = run_floor(args) if FLOOR in keys else {}
     for key in keys:
+        if key == FLOOR:
+            continue
         system = factories[key]()
-        cron = key.replace("-work", "-cron")
-        if key.endswith("-work") and cron in keys:
-            system.enqueue_same_as = factories[cron]().label()
+        if key == "celery-confirm":
+            system.processing_same_as = Celery().label()
         run_system(system, args, results, latencies, global_deadline, logdir, crons)
-    md = table(results, args.jobs)
+    md = table(results)
     if crons:
         cron_md = cron_table(crons)
     elif CRON in args.cases:
         cron_md = "(not measured: no bgq cron system in --systems)"
     else:
         cron_md = "(not measured: not in --cases)"
+    floor_md = floor_table(floors) if floors else "(not measured: `floor` not in --systems)"
+    fraction_md = fraction_table(results, crons, floors) if floors else "(no commit floor measured)"
+    sizes_md = sizes_table(results, crons)
     latency_md = latency_table(latencies) if latencies else "(not measured: --latency 0)"
-    print()
-    print(md)
-    print()
-    print(cron_md)
-    print()
-    print(latency_md, flush=True)
+    for part in (floor_md, md, fraction_md, sizes_md, cron_md, latency_md):
+        print()
+        print(part, flush=True)
     if args.no_head_timing:
         head = "(skipped: --no-head-timing)"
     else:
@@ -1479,7 +1786,8 @@ def main() -> None:
     print()
     print(head)
     total = time.monotonic() - t_start
-    write_doc(Path(args.out), args, md, cron_md, latency_md, head, started_at, total)
+    tables = {"md": md, "cron": cron_md, "floor": floor_md, "fraction": fraction_md, "sizes": sizes_md}
+    write_doc(Path(args.out), args, tables, latency_md, head, started_at, total)
     took = dt.timedelta(seconds=round(total))
     print(f"\nwrote {args.out}; worker logs in {logdir}; total {total:.0f} s ({took})")
 
