@@ -1,42 +1,32 @@
-"""Benchmarks bgq (work/cron/broker mode; PostgreSQL, MariaDB) beside procrastinate, pgqueuer and celery.
+"""Benchmarks bgq (work/broker/cron mode; PostgreSQL, MariaDB) beside pgqueuer, procrastinate and celery.
 
-Usage: python tools/bench/run.py [--jobs 10000] [--systems KEY,...] [--cases a,b,...] [--case-timeout 120]
-           [--cron-procs 4] [--cron-groups 100]
-           [--latency 200] [--latency-timeout 60] [--latency-gap 0.1] [--head-sizes 1000,20000,100000]
-           [--no-head-timing] [--deadline 2400] [--out docs/benchmarks.md]
+Usage: python tools/bench/run.py [--systems KEY,...] [--cases a,b,...] [--reps 3] [--target 10]
+           [--enqueue-target 5] [--calib-jobs 1000] [--case-timeout 60] [--cron-jobs 10000]
+           [--cron-procs 4] [--cron-groups 100] [--floor-seconds 5] [--latency 100]
+           [--head-sizes 1000,20000,100000] [--no-head-timing] [--quick] [--out docs/benchmarks.md]
 
-Throughput table (jobs/s), one row per system: (a) enqueue one by one, (b) enqueue in bulk (500 per
+Throughput (jobs/s), one row per system: (a) enqueue one by one, (b) enqueue in bulk (500 per
 batch), (c) process with 1 worker process, (d) with 2, (e) all jobs in one serial group on 2
-workers, (f) jobs spread over 100 groups on 2 workers. Every processing case enqueues its jobs first
-(untimed), starts the workers (one process each), waits until they have imported and connected, then
-times from "go" until the database (or, for celery, the workers' done files) reports all N jobs done;
-then the workers get SIGTERM. The bgq work rows reuse the publish path of the bgq cron rows: when
-the cron row of the same dialect runs too, their enqueue cells say "= cron" instead of measuring
-the same calls again. The last row is the best bgq row over the best peer row, per column.
+workers, (f) jobs spread over 100 groups on 2 workers. Every job's callback appends its number and
+the time.time() of its first and last statement to its worker process's own O_APPEND stamp file;
+a processing figure is N / (last callback end - first callback start). N is sized per system and
+case by a calibration run so that a measured run lasts about --target seconds; every case runs
+--reps times, a cell is the median with the min-max spread. The commit floor (pseudo-system
+`floor`, tools/bench/floor.py) is one INSERT + COMMIT per transaction from 1 and 2 clients per
+dialect; each bgq cell is also given as a fraction of it. Cron mode (`bgq process`, K processes
+restarted as they exit, on a backlog of --cron-jobs) is its own table; single-job latency and the
+head-of-group timing (tools/head_timing.py) follow. docs/benchmarks.md, which this writes, explains
+the method and how each peer is configured.
 
-Cron table (jobs/s, bgq only: no peer has a cron mode), for the bgq cron systems: K `bgq process`
-processes (--cron-procs), each with its own BGQ_LOCKS_DIR (separate hosts), each started again as
-soon as it exits, as a frequent cron would, on a backlog of N jobs (N // 10 ungrouped, the rest in
---cron-groups groups, priorities 1-3 at random); jobs/s = N / (last callback end - first callback
-start), from times the callbacks write into a pipe.
+Systems (--systems): floor, bgq-pg-work, bgq-pg-broker, bgq-pg-cron, bgq-my-work, bgq-my-broker,
+bgq-my-cron, pgqueuer, procrastinate, celery, celery-confirm. Cases (--cases): a-f, cron, or "none";
+--latency 0 skips the latency table, --no-head-timing the head timing. --quick is a smoke run
+(tiny N, one repetition): its figures are not results.
 
-Latency table (ms): one idle worker process runs and waits; then, K times, the harness takes
-time.time() just before publish() of one job, the job's callback writes time.time() into a pipe as
-its first statement, and the harness waits for it before the next job (after a random pause of
-0.5 to 1.5 times --latency-gap). The first 5 samples are warm-up and dropped; p50 and p99 are
-nearest-rank percentiles. Run for every selected system with a continuous worker (not bgq cron).
-
-Head-of-group selection: tools/head_timing.py at --head-sizes waiting rows on both dialects.
-
-Bounded: a per-case timeout, a time limit per latency run, a global deadline; worker processes
-(own process groups) get SIGTERM, then SIGKILL, when a case ends. Each system gets fresh
-databases / tables / queue names and removes them afterwards (also after a failed setup). The
-workers' output (bgq work and broker workers log errors there) stays in a temporary directory whose
-name is printed.
-
-Systems (--systems): bgq-pg-work, bgq-pg-cron, bgq-pg-broker, bgq-my-work, bgq-my-cron,
-bgq-my-broker, procrastinate, pgqueuer, celery. Cases (--cases): a-f, cron, or "none" to skip the
-throughput and cron tables; --latency 0 skips the latency table, --no-head-timing the head timing.
+Bounded: a per-run timeout, a time limit per latency run, a global deadline; worker processes (own
+process groups) get SIGTERM, then SIGKILL, when a run ends. Each system gets fresh databases /
+tables / queue names and removes them afterwards (also after a failed setup). The workers' output
+stays in a temporary directory whose name is printed.
 """
 
 from __future__ import annotations
@@ -1101,11 +1091,17 @@ def calibrate_enqueue(system: System, case: str, args) -> int:
     return min(args.max_jobs, max(args.min_jobs, math.ceil(rate * args.enqueue_target * 1.15)))
 
 
-def run_case(system: System, case: str, args, logdir: Path, global_deadline: float) -> dict:
+def not_supported(system: System, case: str) -> str:
     if case == "b" and not system.bulk_supported:
-        return {"text": "n/a (no batch API)"}
+        return "n/a (no batch API)"
     if case in ("e", "f") and not system.groups_supported:
-        return {"text": "n/a (no serial groups)"}
+        return "n/a (no serial groups)"
+    return ""
+
+
+def run_case(system: System, case: str, args, logdir: Path, global_deadline: float) -> dict:
+    if not_supported(system, case):
+        return {"text": not_supported(system, case)}
     if global_deadline - time.monotonic() < 10:
         return {"text": "skipped (global deadline)"}
     if case in ("a", "b"):
@@ -1177,9 +1173,14 @@ def run_system(
     try:
         for case in CASES:
             if case not in system.cases:
-                if system.processing_same_as and case in PROCESSING:
+                if system.cases == (CRON,):
+                    continue
+                unsupported = not_supported(system, case)
+                if unsupported:
+                    row[case] = {"text": unsupported}
+                elif system.processing_same_as and case in PROCESSING:
                     row[case] = {"text": "= " + system.processing_same_as}
-                elif row is not None and system.cases != (CRON,):
+                else:
                     row[case] = {"text": "—"}
                 continue
             if case not in args.cases:
@@ -1303,6 +1304,68 @@ def ratio(results: dict, case: str) -> str:
     if not ours or not peers:
         return "n/a"
     return f"{max(ours) / max(peers):.2f}"
+
+
+SUMMARY_COLUMNS = (  # (title, mode of the bgq row it takes, case)
+    ("enqueue 1-by-1", "work", "a"),
+    ("enqueue bulk", "work", "b"),
+    ("1 worker", "work", "c"),
+    ("2 workers", "work", "d"),
+    ("broker, 2 workers", "broker", "d"),
+    ("100 groups, 2 workers", "work", "f"),
+)
+
+
+def summary_table(results: dict) -> str:
+    """The speed issue's table: medians only; bgq per dialect (work mode, and broker mode's 2-worker
+    figure in its own column) beside each peer, then bgq's best over pgqueuer and over the best peer."""
+    lines = [
+        "| system | " + " | ".join(t for t, _, _ in SUMMARY_COLUMNS) + " |",
+        "|---" * (len(SUMMARY_COLUMNS) + 1) + "|",
+    ]
+
+    def med(label: str, case: str) -> float | None:
+        return results.get(label, {}).get(case, {}).get("median")
+
+    def show(v: float | None) -> str:
+        return "" if v is None else f"{v:.0f}"
+
+    ours: dict[str, list[float]] = {t: [] for t, _, _ in SUMMARY_COLUMNS}
+    for dialect in ("postgres", "mariadb"):
+        cells = []
+        for title, mode, case in SUMMARY_COLUMNS:
+            v = med(f"bgq / {mode} / {dialect}", case)
+            cells.append(show(v))
+            if v is not None:
+                ours[title].append(v)
+        if any(cells):
+            lines.append(f"| bgq / {dialect} | " + " | ".join(cells) + " |")
+    peers: dict[str, list[float]] = {t: [] for t, _, _ in SUMMARY_COLUMNS}
+    pgq: dict[str, float | None] = {}
+    for label in results:
+        if label.startswith("bgq "):
+            continue
+        cells = []
+        for title, mode, case in SUMMARY_COLUMNS:
+            v = None if mode == "broker" else med(label, case)
+            cells.append(show(v))
+            if v is not None:
+                peers[title].append(v)
+            if label.startswith("pgqueuer "):
+                pgq[title] = v
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    def over(best: dict[str, float | None]) -> str:
+        return " | ".join(
+            f"{max(ours[t]) / best[t]:.2f}" if ours[t] and best.get(t) else "n/a"
+            for t, _, _ in SUMMARY_COLUMNS
+        )
+
+    lines.append("| **bgq best / pgqueuer** | " + over(pgq) + " |")
+    lines.append(
+        "| **bgq best / best peer** | " + over({t: max(v, default=None) for t, v in peers.items()}) + " |"
+    )
+    return "\n".join(lines)
 
 
 def table(results: dict) -> str:
@@ -1570,6 +1633,14 @@ against the 2-client floor. A fraction above 1 means more than one job per commi
 The last row of the throughput table divides the best bgq median (work or broker, either
 dialect) by the best peer median, per column; cells without a measured median do not count.
 
+## Summary (jobs/s, medians)
+
+The speed issue's view of the throughput table below: bgq's work-mode row per dialect, with its
+broker-mode 2-worker figure as its own column, beside every peer; the ratios divide bgq's best
+(either dialect) by pgqueuer and by the best peer per column.
+
+{tables["summary"]}
+
 ## Commit floor (commits/s)
 
 {tables["floor"]}
@@ -1776,7 +1847,7 @@ def main() -> None:
     fraction_md = fraction_table(results, crons, floors) if floors else "(no commit floor measured)"
     sizes_md = sizes_table(results, crons)
     latency_md = latency_table(latencies) if latencies else "(not measured: --latency 0)"
-    for part in (floor_md, md, fraction_md, sizes_md, cron_md, latency_md):
+    for part in (floor_md, summary_table(results), md, fraction_md, sizes_md, cron_md, latency_md):
         print()
         print(part, flush=True)
     if args.no_head_timing:
@@ -1787,6 +1858,7 @@ def main() -> None:
     print(head)
     total = time.monotonic() - t_start
     tables = {"md": md, "cron": cron_md, "floor": floor_md, "fraction": fraction_md, "sizes": sizes_md}
+    tables["summary"] = summary_table(results)
     write_doc(Path(args.out), args, tables, latency_md, head, started_at, total)
     took = dt.timedelta(seconds=round(total))
     print(f"\nwrote {args.out}; worker logs in {logdir}; total {total:.0f} s ({took})")
