@@ -324,7 +324,7 @@ against the 2-client floor. A fraction above 1 means more than one job per commi
   `Queries(AsyncpgDriver(conn)).enqueue()`, lists of 500 for bulk. Groups: one entrypoint per
   group registered with `concurrency_limit=1`, which pgqueuer documents as serialising that
   entrypoint's dispatch across all workers (enforced in its dequeue query). Earlier versions of
-  this page drove it through `PsycopgDriver`, which is slower.
+  this page drove it through its `PsycopgDriver` instead.
 - **procrastinate**: `procrastinate.App(connector=PsycopgConnector(conninfo=dsn))` (its
   recommended connector in version 3), `task.defer()` / `task.batch_defer()` (500 per call),
   workers `app.run_worker(concurrency=1)` (what `procrastinate worker` runs, with its defaults:
