@@ -272,7 +272,9 @@ process's own file (opened `O_APPEND`, one `write` per job): the job's number, `
 its first statement and `time.time()` at its last. A processing figure is
 N / (last callback end − first callback start) over all worker processes, so it does not include
 the workers' start, the harness's polling, or the time a system takes to record the last job as
-done; it is the rate at which jobs ran once they were running. (The harness still waits, untimed,
+done; it is the rate at which jobs ran once they were running. (So the commit that records the
+last jobs' completion is outside the span, as the speed issue defines the measure; it is one
+commit per batch at the end of a run of about ten seconds.) (The harness still waits, untimed,
 up to {VERIFY_WAIT:.0f} s for the system to record N jobs done — bgq: N rows FINISHED, pgqueuer: its
 table empty, procrastinate: N jobs `succeeded` — and shows it beside the figure if it did not;
 celery has no result backend here, its stamps are its record. A job whose callback ran twice
@@ -280,12 +282,14 @@ is shown too.) An enqueue figure is N / (wall time of the N client calls) in one
 
 **Size of a run.** Before the measured runs of a case, a calibration run of {args.calib_jobs} jobs
 (at most {args.calib_seconds:.0f} s) gives the system's rate on that case; the measured runs then
-use N = 1.15 × rate × {args.target:.0f} s for a processing case ({args.enqueue_target:.0f} s for an
+use N = 1.15 × rate × {args.target:g} s for a processing case ({args.enqueue_target:g} s for an
 enqueue case), at least {args.min_jobs} and at most {args.max_jobs} jobs. So a processing run lasts
-about {args.target:.0f} s whatever the system's speed: start-up and the last poll are a small part of
-it. A cell whose median span came out below the target is marked †. A system so slow on a case
-that {args.min_jobs} jobs would not finish within {args.case_timeout:.0f} s is not run further: its cell
-gives the calibration's rate (≈). The N and median span of every cell are in the table "Run sizes".
+about {args.target:g} s whatever the system's speed: start-up and the last poll are a small part of
+it. When a run lasts less than the target (the calibration run underestimated the rate), N grows
+for the following runs; a cell whose median span came out below the target is marked †. A system
+so slow on a case that {args.min_jobs} jobs would not finish within {args.case_timeout:.0f} s is not
+run further: its cell gives the calibration's rate (≈). The N and median span of every cell are
+in the table "Run sizes".
 
 **Repetitions.** Every case is run {args.reps} times (fresh tables, emptied with TRUNCATE, and new
 queue names each time; new worker processes each time). A cell is the median jobs/s with the
@@ -298,7 +302,7 @@ SIGTERM. A run that has not done N jobs within {args.case_timeout:.0f} s shows `
 
 **The commit floor.** One INSERT of one row and one COMMIT per transaction, in a loop, from 1
 and from 2 client processes (psycopg on PostgreSQL, PyMySQL on MariaDB — the drivers bgq uses),
-{args.floor_seconds:.0f} s per run, {args.reps} runs, into a fresh table; the servers' own durability
+{args.floor_seconds:g} s per run, {args.reps} runs, into a fresh table; the servers' own durability
 settings (listed in the table) apply. A durable queue needs at least one commit per job (its
 claim or its finish) unless it batches jobs into one commit, so this is what one commit per job
 would cost at most on this machine. Each bgq cell is also given as a fraction of the floor of

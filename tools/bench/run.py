@@ -377,7 +377,8 @@ def summarise(runs: list[dict], target: float) -> dict:
     median span in seconds; a dagger when the median span is below the target."""
     rates = sorted(r["rate"] for r in runs if "rate" in r)
     errors = [r["error"] for r in runs if "error" in r]
-    cell: dict = {"n": runs[0].get("n") if runs else None, "reps": len(rates)}
+    sizes = [str(r["n"]) for r in runs if r.get("n") is not None]
+    cell: dict = {"n": "/".join(dict.fromkeys(sizes)), "reps": len(rates)}
     notes = sorted({r["note"] for r in runs if r.get("note")} | set(errors))
     if not rates:
         cell["text"] = "; ".join(notes) or "no result"
@@ -458,14 +459,18 @@ def run_case(system: System, case: str, args, logdir: Path, global_deadline: flo
                 runs.append({"n": n, "rate": n / took, "seconds": took})
             else:
                 try:
-                    system.enqueue(n, system.bulk_supported, GROUPS[case], time.monotonic() + timeout)
+                    limit = time.monotonic() + min(args.enqueue_timeout, remaining)  # untimed
+                    system.enqueue(n, system.bulk_supported, GROUPS[case], limit)
                 except CaseTimeout:
                     runs.append({"n": n, "error": "timeout (while enqueueing, untimed)"})
-                    continue
-                runs.append(run_processing(system, case, n, timeout, logdir))
+                else:
+                    runs.append(run_processing(system, case, n, timeout, logdir))
         except CaseTimeout:
             runs.append({"n": n, "error": f"timeout ({timeout:.0f}s)"})
         print(f"      rep {len(runs)}: {fmt_run(runs[-1])}", flush=True)
+        last = runs[-1]
+        if last.get("rate") and last["seconds"] < target:  # the calibration underestimated: grow N
+            n = min(args.max_jobs, max(n, math.ceil(last["rate"] * target * 1.15)))
     return summarise(runs, target)
 
 
@@ -679,6 +684,9 @@ def main() -> None:
     parser.add_argument("--min-jobs", type=int, default=50, help="smallest N of a measured run")
     parser.add_argument("--max-jobs", type=int, default=200_000, help="largest N of a measured run")
     parser.add_argument("--case-timeout", type=float, default=60.0, help="seconds per measured run")
+    parser.add_argument(
+        "--enqueue-timeout", type=float, default=180.0, help="seconds for the untimed enqueue before a run"
+    )
     parser.add_argument("--cron-jobs", type=int, default=10_000, help="cron case: backlog size N")
     parser.add_argument(
         "--cron-procs", type=int, default=4, help="cron case: `bgq process` processes (K), each a host"
