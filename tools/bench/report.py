@@ -335,8 +335,10 @@ against the 2-client floor. A fraction above 1 means more than one job per commi
   LISTEN/NOTIFY plus a 5 s poll); groups: `configure(lock=...)`, its way to run jobs of one lock
   one at a time.
 - **celery**: `apply_async()` on one producer connection to RabbitMQ, no result backend
-  (`task_ignore_result`), workers `celery worker --pool=solo` (one process each, to match one
-  worker per process), default prefetch and early acknowledgement. Two enqueue rows: without
+  (`task_ignore_result`), workers `celery worker --pool=prefork --concurrency=1`: its default
+  pool with one child process, so that a worker runs one job at a time like every other
+  system's worker (`--pool=solo`, one process, stalled for 10 s in the middle of some smoke
+  runs); default prefetch and early acknowledgement. Two enqueue rows: without
   publisher confirms (celery's default: `apply_async` returns once the message is written to
   the socket, so a broker crash can lose it) and with them
   (`broker_transport_options={{"confirm_publish": True}}`: it returns once RabbitMQ confirmed,
@@ -412,7 +414,7 @@ remaining ones; a run stops after {args.latency_timeout:.0f} s with the samples 
 - bgq cron: not measured: a job waits for the next `bgq process` (cron starts it once a minute).
 - procrastinate: `run_worker(concurrency=1)` with `listen_notify` (its default; polls every 5 s
   besides). pgqueuer (asyncpg): `PgQueuer.run()`, woken by its NOTIFY trigger. celery:
-  `--pool=solo`, messages pushed by RabbitMQ, published without confirms.
+  `--pool=prefork --concurrency=1`, messages pushed by RabbitMQ, published without confirms.
 
 {latency_md}
 

@@ -598,6 +598,12 @@ class Celery(System):
         amqp_delete(self.queues_used + ["celery.pidbox"])
 
 
+#: celery's default pool (prefork) with one child per worker, so that a worker runs one job at a time
+#: as every other system's worker process does. (`--pool=solo` stalled for 10 s in the middle of
+#: some smoke runs, with nothing logged; prefork did not.)
+CELERY_POOL = ("--pool=prefork", "--concurrency=1")
+
+
 def make_celery(qname: str, confirm: bool = False):
     from celery import Celery as CeleryApp
 
@@ -709,7 +715,7 @@ def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
         app.worker_main(
             [
                 "worker",
-                "--pool=solo",
+                *CELERY_POOL,
                 "--loglevel=ERROR",
                 "-n",
                 f"w{os.getpid()}@bench",
