@@ -272,9 +272,9 @@ process's own file (opened `O_APPEND`, one `write` per job): the job's number, `
 its first statement and `time.time()` at its last. A processing figure is
 N / (last callback end − first callback start) over all worker processes, so it does not include
 the workers' start, the harness's polling, or the time a system takes to record the last job as
-done; it is the rate at which jobs ran once they were running. (So the commit that records the
-last jobs' completion is outside the span, as the speed issue defines the measure; it is one
-commit per batch at the end of a run of about ten seconds.) (The harness still waits, untimed,
+done; it is the rate at which jobs ran once they were running. The commit that records the last
+jobs as done therefore falls outside the span, as the speed issue defines the measure; against a
+run of about ten seconds it is small. (The harness still waits, untimed,
 up to {VERIFY_WAIT:.0f} s for the system to record N jobs done — bgq: N rows FINISHED, pgqueuer: its
 table empty, procrastinate: N jobs `succeeded` — and shows it beside the figure if it did not;
 celery has no result backend here, its stamps are its record. A job whose callback ran twice
@@ -291,7 +291,7 @@ so slow on a case that {args.min_jobs} jobs would not finish within {args.case_t
 run further: its cell gives the calibration's rate (≈). The N and median span of every cell are
 in the table "Run sizes".
 
-**Repetitions.** Every case is run {args.reps} times (fresh tables, emptied with TRUNCATE, and new
+**Repetitions.** Every case is run {args.reps} time(s) (fresh tables, emptied with TRUNCATE, and new
 queue names each time; new worker processes each time). A cell is the median jobs/s with the
 lowest and highest of the repetitions in brackets.
 
@@ -302,12 +302,12 @@ SIGTERM. A run that has not done N jobs within {args.case_timeout:.0f} s shows `
 
 **The commit floor.** One INSERT of one row and one COMMIT per transaction, in a loop, from 1
 and from 2 client processes (psycopg on PostgreSQL, PyMySQL on MariaDB — the drivers bgq uses),
-{args.floor_seconds:g} s per run, {args.reps} runs, into a fresh table; the servers' own durability
+{args.floor_seconds:g} s per run, {args.reps} run(s), into a fresh table; the servers' own durability
 settings (listed in the table) apply. A durable queue needs at least one commit per job (its
-claim or its finish) unless it batches jobs into one commit, so this is what one commit per job
-would cost at most on this machine. Each bgq cell is also given as a fraction of the floor of
-its dialect: enqueue and 1-worker cells against the 1-client floor, 2-worker and cron cells
-against the 2-client floor. A fraction above 1 means more than one job per commit.
+claim or its finish) unless it batches several jobs into one commit, so the floor is the most
+jobs per second that one commit per job allows on this machine. Each bgq cell is also given as a
+fraction of the floor of its dialect: enqueue and 1-worker cells against the 1-client floor,
+2-worker and cron cells against the 2-client floor. A fraction above 1 means more than one job per commit.
 
 ### How each system is set up, and why
 
