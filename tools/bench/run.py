@@ -401,12 +401,18 @@ def calibrate_processing(system: System, case: str, args, logdir: Path) -> tuple
     within --case-timeout."""
     system.reset(case)
     n_cal = args.calib_jobs
-    system.enqueue(n_cal, system.bulk_supported, GROUPS[case], time.monotonic() + args.case_timeout)
+    system.enqueue(n_cal, system.bulk_supported, GROUPS[case], time.monotonic() + args.enqueue_timeout)
     res = run_processing(system, case, n_cal, args.calib_seconds, logdir)
     done, seconds = res.get("done", 0), res.get("seconds")
+    if res.get("error", "").startswith("error") or (done == 0 and res.get("error") == "workers exited"):
+        return None, f"error in calibration ({res['error']})"
     if done == 0:
-        return None, f"error in calibration ({res.get('error', 'no job ran')})"
-    rate = done / seconds if done >= 2 and seconds else max(done, 1) / args.calib_seconds
+        return (
+            None,
+            f"< {1 / args.calib_seconds:.2f} (calibration only: no job done in {args.calib_seconds:.0f}s)",
+        )
+    # not all done in time: a span over the few that ran may be short, so count the whole limit
+    rate = done / seconds if done >= n_cal and seconds else done / args.calib_seconds
     if rate * args.case_timeout < args.min_jobs:
         return None, (
             f"≈ {rate:.1f} (calibration only: {done}/{n_cal} jobs in {args.calib_seconds:.0f}s; "
