@@ -46,7 +46,11 @@ $(BENCH_STAMP): pyproject.toml tools/bench/requirements.txt
 	$(BENCH_VENV)/bin/pip install --quiet -e '.[dev]' -r tools/bench/requirements.txt
 	touch $(BENCH_STAMP)
 
-# bgq side by side with procrastinate, pgqueuer and celery; writes docs/benchmarks.md.
+# bgq side by side with procrastinate, pgqueuer and celery; writes docs/benchmarks.md (~40 min on
+# 2 cores). A smoke run: BENCH_ARGS="--quick --out /tmp/bench.md". The speed issue's table alone
+# (~25 min): BENCH_ARGS="--cases a,b,c,d,f,cron --systems floor,bgq-pg-work,bgq-pg-broker:d,
+# bgq-pg-cron,bgq-my-work,bgq-my-broker:d,bgq-my-cron,pgqueuer,procrastinate,celery,celery-confirm
+# --latency 0 --no-head-timing" (one line; see tools/bench/run.py --help).
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python tools/bench/run.py $(BENCH_ARGS)
 

@@ -1,738 +1,99 @@
-"""Benchmarks bgq (work/cron/broker mode; PostgreSQL, MariaDB) beside procrastinate, pgqueuer and celery.
+"""Benchmarks bgq (work/broker/cron mode; PostgreSQL, MariaDB) beside pgqueuer, procrastinate and celery.
 
-Usage: python tools/bench/run.py [--jobs 10000] [--systems KEY,...] [--cases a,b,...] [--case-timeout 120]
-           [--cron-procs 4] [--cron-groups 100]
-           [--latency 200] [--latency-timeout 60] [--latency-gap 0.1] [--head-sizes 1000,20000,100000]
-           [--no-head-timing] [--deadline 2400] [--out docs/benchmarks.md]
+Usage: python tools/bench/run.py [--systems KEY,...] [--cases a,b,...] [--reps 3] [--target 10]
+           [--enqueue-target 5] [--calib-jobs 1000] [--case-timeout 60] [--cron-jobs 10000]
+           [--cron-procs 4] [--cron-groups 100] [--floor-seconds 5] [--latency 100]
+           [--head-sizes 1000,20000,100000] [--no-head-timing] [--quick] [--out docs/benchmarks.md]
 
-Throughput table (jobs/s), one row per system: (a) enqueue one by one, (b) enqueue in bulk (500 per
+Throughput (jobs/s), one row per system: (a) enqueue one by one, (b) enqueue in bulk (500 per
 batch), (c) process with 1 worker process, (d) with 2, (e) all jobs in one serial group on 2
-workers, (f) jobs spread over 100 groups on 2 workers. Every processing case enqueues its jobs first
-(untimed), starts the workers (one process each), waits until they have imported and connected, then
-times from "go" until the database (or, for celery, the workers' done files) reports all N jobs done;
-then the workers get SIGTERM. The bgq work rows reuse the publish path of the bgq cron rows: when
-the cron row of the same dialect runs too, their enqueue cells say "= cron" instead of measuring
-the same calls again. The last row is the best bgq row over the best peer row, per column.
+workers, (f) jobs spread over 100 groups on 2 workers. Every job's callback appends its number and
+the time.time() of its first and last statement to its worker process's own O_APPEND stamp file;
+a processing figure is N / (last callback end - first callback start). N is sized per system and
+case by a calibration run so that a measured run lasts about --target seconds; every case runs
+--reps times, a cell is the median with the min-max spread. The commit floor (pseudo-system
+`floor`, tools/bench/floor.py) is one INSERT + COMMIT per transaction from 1 and 2 clients per
+dialect; each bgq cell is also given as a fraction of it. Cron mode (`bgq process`, K processes
+restarted as they exit, on a backlog of --cron-jobs) is its own table; single-job latency and the
+head-of-group timing (tools/head_timing.py) follow. docs/benchmarks.md, which this writes, explains
+the method and how each peer is configured.
 
-Cron table (jobs/s, bgq only: no peer has a cron mode), for the bgq cron systems: K `bgq process`
-processes (--cron-procs), each with its own BGQ_LOCKS_DIR (separate hosts), each started again as
-soon as it exits, as a frequent cron would, on a backlog of N jobs (N // 10 ungrouped, the rest in
---cron-groups groups, priorities 1-3 at random); jobs/s = N / (last callback end - first callback
-start), from times the callbacks write into a pipe.
+Systems (--systems): floor, bgq-pg-work, bgq-pg-broker, bgq-pg-cron, bgq-my-work, bgq-my-broker,
+bgq-my-cron, pgqueuer, procrastinate, celery, celery-confirm. Cases (--cases): a-f, cron, or "none";
+--latency 0 skips the latency table, --no-head-timing the head timing. --quick is a smoke run
+(tiny N, one repetition): its figures are not results.
 
-Latency table (ms): one idle worker process runs and waits; then, K times, the harness takes
-time.time() just before publish() of one job, the job's callback writes time.time() into a pipe as
-its first statement, and the harness waits for it before the next job (after a random pause of
-0.5 to 1.5 times --latency-gap). The first 5 samples are warm-up and dropped; p50 and p99 are
-nearest-rank percentiles. Run for every selected system with a continuous worker (not bgq cron).
+Bounded: a per-run timeout, a time limit per latency run, a global deadline; worker processes (own
+process groups) get SIGTERM, then SIGKILL, when a run ends. Each system gets fresh databases /
+tables / queue names and removes them afterwards (also after a failed setup). The workers' output
+stays in a temporary directory whose name is printed.
 
-Head-of-group selection: tools/head_timing.py at --head-sizes waiting rows on both dialects.
-
-Bounded: a per-case timeout, a time limit per latency run, a global deadline; worker processes
-(own process groups) get SIGTERM, then SIGKILL, when a case ends. Each system gets fresh
-databases / tables / queue names and removes them afterwards (also after a failed setup). The
-workers' output (bgq work and broker workers log errors there) stays in a temporary directory whose
-name is printed.
-
-Systems (--systems): bgq-pg-work, bgq-pg-cron, bgq-pg-broker, bgq-my-work, bgq-my-cron,
-bgq-my-broker, procrastinate, pgqueuer, celery. Cases (--cases): a-f, cron, or "none" to skip the
-throughput and cron tables; --latency 0 skips the latency table, --no-head-timing the head timing.
+Modules: run.py (this: runs, calibration, repetitions, worker processes, main), systems.py (the
+systems under test, the job callbacks and the worker side), floor.py (the commit floor), report.py
+(the tables and the page's text).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import datetime as dt
-import importlib.util
 import json
-import logging
 import math
 import os
 import random
-import re
 import select
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-PG_ADMIN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-MYSQL_URL = os.environ.get("BENCH_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
-AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-CASES = ["a", "b", "c", "d", "e", "f"]
-CASE_TITLES = {
-    "a": "(a) enqueue 1-by-1",
-    "b": "(b) enqueue bulk",
-    "c": "(c) 1 worker",
-    "d": "(d) 2 workers",
-    "e": "(e) 1 group, 2 workers",
-    "f": "(f) 100 groups, 2 workers",
-}
-LATENCY = "L"  # the latency run's case key: one worker, no groups
-CRON = "cron"  # the cron-at-a-backlog case key: bgq cron systems only, its own table
-CRON_PRIORITIES = (1, 2, 3)
-CRON_EXIT_WAIT = 10.0  # seconds the `bgq process` runs get to end by themselves once all jobs ran
-GROUPS = {"c": None, "d": None, "e": 1, "f": 100, LATENCY: None}
-WORKERS = {"c": 1, "d": 2, "e": 2, "f": 2, LATENCY: 1}
-BULK = 500
-POLL = 0.05
-STOP_GRACE = 3.0  # seconds a worker has to exit after SIGTERM before it gets SIGKILL
-LATENCY_WARMUP = 5  # first samples of a latency run, dropped (connections, caches, worker start)
-LATENCY_IDLE = 1.0  # seconds the worker idles after "go" before the first job of a latency run
-SYSTEMS = [
-    "bgq-pg-work",
-    "bgq-pg-cron",
-    "bgq-pg-broker",
-    "bgq-my-work",
-    "bgq-my-cron",
-    "bgq-my-broker",
-    "procrastinate",
-    "pgqueuer",
-    "celery",
-]
-
-
-class CaseTimeout(Exception):
-    pass
-
-
-class NotApplicable(Exception):
-    pass
-
-
-def group_of(i: int, groups: int | None) -> str | None:
-    if groups is None:
-        return None
-    return "one" if groups == 1 else f"g{i % groups}"
-
-
-def silent_logger() -> logging.Logger:
-    log = logging.getLogger("bgq.bench.silent")
-    log.disabled = True
-    return log
-
-
-def worker_logger(mode: str) -> logging.Logger:
-    """bgq's logger in a worker process: errors go to the worker's log file; cron mode stays silent
-    (its racing workers log every lost claim at critical level, by design)."""
-    if mode == "cron":
-        return silent_logger()
-    log = logging.getLogger("bgq.bench.worker")
-    log.setLevel(logging.ERROR)
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    log.addHandler(handler)
-    return log
-
-
-def noop(*args, **kwargs) -> None:
-    return None
-
-
-_STAMP_FD: int | None = None  # in a latency worker: the write end of the harness's pipe
-
-
-def stamp(seq: int) -> None:
-    """The latency callback: its first statement tells the harness when it started."""
-    os.write(_STAMP_FD, f"{seq} {time.time():.6f}\n".encode())
-
-
-def span(seq: int) -> None:
-    """The cron case's callback: tells the harness when it started and when it ended."""
-    os.write(_STAMP_FD, f"{seq} {time.time():.6f}\n".encode())
-    os.write(_STAMP_FD, f"{seq} {time.time():.6f} end\n".encode())
-
-
-def cron_app():
-    """The queue a `bgq process` of the cron case loads (`--app tools.bench.run:cron_app`), from
-    $BENCH_CRON_SPEC; its callbacks write into the harness's pipe, inherited as $BENCH_STAMP_FD."""
-    import bgq
-
-    global _STAMP_FD
-    spec = json.loads(os.environ["BENCH_CRON_SPEC"])
-    _STAMP_FD = int(os.environ["BENCH_STAMP_FD"])
-    return bgq.Queue(
-        callbacks={"span": span},
-        database_url=spec["url"],
-        table_name=spec["table"],
-        queue=spec["queue"],
-        priorities=CRON_PRIORITIES,
-    )
-
-
-def bounded(deadline: float) -> None:
-    if time.monotonic() > deadline:
-        raise CaseTimeout
-
-
-# --- PostgreSQL databases -------------------------------------------------------------------------
-
-
-def pg_create_db(prefix: str) -> str:
-    import psycopg
-
-    name = f"bench_{prefix}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return name
-
-
-def pg_drop_db(name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
-def pg_dsn(db: str) -> str:
-    return PG_ADMIN.rsplit("/", 1)[0] + "/" + db
-
-
-def amqp_delete(queues: list[str]) -> None:
-    import pika
-
-    try:
-        conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-    except Exception:
-        return
-    try:
-        for name in queues:
-            for kind in ("queue", "exchange"):
-                try:
-                    ch = conn.channel()
-                    if kind == "queue":
-                        ch.queue_delete(name)
-                    else:
-                        ch.exchange_delete(name)
-                    ch.close()
-                except Exception:
-                    pass
-    finally:
-        with contextlib.suppress(Exception):
-            conn.close()
-
-
-# --- systems --------------------------------------------------------------------------------------
-# A system sets itself up, enqueues (timed by the caller), counts done jobs and cleans up.
-# `worker_spec(case)` is the JSON handed to `run.py --worker`; `latency_publisher()` yields a
-# function that publishes the latency job number `seq` (callback: `stamp(seq)`).
-
-
-class System:
-    name = ""
-    mode = ""
-    dialect = ""
-    bulk_supported = True
-    groups_supported = True
-    latency_supported = True
-    graceful_stop = False  # its workers run under bgq.stopping.GracefulStop: SIGTERM must end them with 0
-    #: the label of a row whose enqueue cells this row shares (same publish path), if it runs too
-    enqueue_same_as: str | None = None
-
-    def label(self) -> str:
-        return f"{self.name} / {self.mode} / {self.dialect}"
-
-    def setup(self) -> None: ...
-
-    def cleanup(self) -> None: ...
-
-    def reset(self, case: str) -> None: ...
-
-    def enqueue(self, n: int, bulk: bool, groups: int | None, deadline: float) -> None: ...
-
-    def done(self) -> int: ...
-
-    def worker_spec(self, case: str) -> dict: ...
-
-    def latency_publisher(self) -> contextlib.AbstractContextManager[Callable[[int], object]]: ...
-
-
-class Bgq(System):
-    name = "bgq"
-
-    def __init__(self, dialect: str, mode: str) -> None:
-        self.dialect = "postgres" if dialect == "postgres" else "mariadb"
-        self.mode = mode  # "work" (bgq work), "cron" (bgq process) or "broker" (bgq consume)
-        self.broker = mode == "broker"
-        self.latency_supported = mode != "cron"  # cron mode runs a job at the next cron start
-        self.graceful_stop = mode != "cron"  # cron workers exit by themselves once all jobs are done
-        self.created = False  # set before the first database object is created
-        self.table = f"bgqb_{uuid.uuid4().hex[:8]}"
-        self.db_name: str | None = None
-        self.url = MYSQL_URL
-        self.queues_used: list[str] = []
-        self.qname = ""
-        self._engine = None
-
-    def setup(self) -> None:
-        from sqlalchemy import create_engine
-
-        import bgq
-
-        if self.mode == "work" and importlib.util.find_spec("bgq.work") is None:
-            raise NotApplicable("bgq/work.py does not exist")
-        self.created = True
-        if self.dialect == "postgres":
-            self.db_name = pg_create_db("bgq")
-            self.url = pg_dsn(self.db_name).replace("postgresql://", "postgresql+psycopg://")
-        q = bgq.Queue(callbacks={"noop": noop}, database_url=self.url, table_name=self.table)
-        q.install()
-        q.close()
-        self._engine = create_engine(self.url, isolation_level="AUTOCOMMIT", pool_size=1)
-
-    def queue(self, bulk_size: int = 1):
-        import bgq
-
-        producer = None
-        if self.broker:
-            from bgq.broker.rabbitmq import RabbitMQ
-
-            producer = RabbitMQ(AMQP_URL)
-        return bgq.Queue(
-            callbacks={"noop": noop, "stamp": stamp},
-            database_url=self.url,
-            table_name=self.table,
-            queue=self.qname,
-            bulk_size=bulk_size,
-            producer=producer,
-            logger=silent_logger(),
-        )
-
-    def reset(self, case: str) -> None:
-        self.qname = f"bq{uuid.uuid4().hex[:8]}{case.lower()}"
-        self.queues_used += [f"{self.qname}_{p}" for p in (0, 1)] + [f"{self.qname}_1_1000"]
-        with self._engine.connect() as conn:  # TRUNCATE: no dead rows left for the next case to skip
-            conn.exec_driver_sql(f"TRUNCATE TABLE {self.table}")
-            conn.exec_driver_sql(f"TRUNCATE TABLE {self.table}_group")
-
-    def enqueue(self, n: int, bulk: bool, groups: int | None, deadline: float) -> None:
-        q = self.queue(BULK if bulk else 1)
-        try:
-            if bulk:
-                q.start_bulk()
-            for i in range(n):
-                q.publish("noop", serial_group=group_of(i, groups))
-                if i % 100 == 0:
-                    bounded(deadline)
-            if bulk:
-                q.end_bulk()
-        finally:
-            q.close()
-
-    def enqueue_backlog(self, n: int, groups: int, deadline: float) -> None:
-        """The cron case's backlog, in bulk: N // 10 ungrouped `span` jobs, the rest spread at
-        random over `groups` groups, priorities 1-3 at random, the two kinds in random id order."""
-        rng = random.Random(9)
-        kinds = [None] * (n // 10) + [f"g{rng.randrange(groups)}" for _ in range(n - n // 10)]
-        rng.shuffle(kinds)
-        q = bgq_queue(self.url, self.table, self.qname, BULK)
-        try:
-            q.start_bulk()
-            for i, group in enumerate(kinds):
-                q.publish("span", [i], serial_group=group, priority=rng.choice(CRON_PRIORITIES))
-                if i % 100 == 0:
-                    bounded(deadline)
-            q.end_bulk()
-        finally:
-            q.close()
-
-    def done(self) -> int:
-        with self._engine.connect() as conn:
-            return conn.exec_driver_sql(f"SELECT COUNT(*) FROM {self.table} WHERE state = 3").scalar_one()
-
-    def worker_spec(self, case: str) -> dict:
-        return {"url": self.url, "table": self.table, "queue": self.qname, "mode": self.mode}
-
-    @contextlib.contextmanager
-    def latency_publisher(self) -> Iterator[Callable[[int], object]]:
-        q = self.queue()
-        try:
-            yield lambda seq: q.publish("stamp", [seq])
-        finally:
-            q.close()
-
-    def cleanup(self) -> None:
-        from bgq.db import Database
-        from bgq.install import uninstall
-
-        if self._engine is not None:
-            self._engine.dispose()
-        if self.broker:
-            amqp_delete(self.queues_used)
-        if self.db_name:
-            pg_drop_db(self.db_name)
-        elif self.created:  # also after a failed install: it may have created some of the tables
-            db = Database(self.url)
-            try:
-                uninstall(db, self.table)
-            finally:
-                db.dispose()
-
-
-def bgq_queue(url: str, table: str, qname: str, bulk_size: int):
-    import bgq
-
-    return bgq.Queue(
-        callbacks={"span": span},
-        database_url=url,
-        table_name=table,
-        queue=qname,
-        bulk_size=bulk_size,
-        priorities=CRON_PRIORITIES,
-        logger=silent_logger(),
-    )
-
-
-class Procrastinate(System):
-    name, mode, dialect = "procrastinate", "worker", "postgres"
-
-    def setup(self) -> None:
-        import psycopg
-
-        self.db_name = pg_create_db("procr")
-        self.dsn = pg_dsn(self.db_name)
-        self.app = make_procrastinate(self.dsn)
-        with self.app.open():
-            self.app.schema_manager.apply_schema()
-        self.conn = psycopg.connect(self.dsn, autocommit=True)
-
-    def reset(self, case: str) -> None:
-        self.conn.execute("TRUNCATE procrastinate_jobs CASCADE")
-
-    def enqueue(self, n: int, bulk: bool, groups: int | None, deadline: float) -> None:
-        task = self.app.tasks["bench_noop"]
-        with self.app.open():
-            if bulk:
-                for start in range(0, n, BULK):
-                    count = min(BULK, n - start)
-                    if groups is None:
-                        task.batch_defer(*[{} for _ in range(count)])
-                    else:  # a lock is per job: one batch per lock value
-                        by_lock: dict[str, int] = {}
-                        for i in range(start, start + count):
-                            lock = group_of(i, groups)
-                            by_lock[lock] = by_lock.get(lock, 0) + 1
-                        for lock, k in by_lock.items():
-                            task.configure(lock=lock).batch_defer(*[{} for _ in range(k)])
-                    bounded(deadline)
-            else:
-                for i in range(n):
-                    if groups is None:
-                        task.defer()
-                    else:
-                        task.configure(lock=group_of(i, groups)).defer()
-                    if i % 100 == 0:
-                        bounded(deadline)
-
-    def done(self) -> int:
-        return self.conn.execute(
-            "SELECT COUNT(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
-        ).fetchone()[0]
-
-    def worker_spec(self, case: str) -> dict:
-        return {"dsn": self.dsn}
-
-    @contextlib.contextmanager
-    def latency_publisher(self) -> Iterator[Callable[[int], object]]:
-        task = self.app.tasks["bench_stamp"]
-        with self.app.open():
-            yield lambda seq: task.defer(seq=seq)
-
-    def cleanup(self) -> None:  # also after a failed setup
-        if getattr(self, "conn", None) is not None:
-            self.conn.close()
-        if getattr(self, "db_name", None):
-            pg_drop_db(self.db_name)
-
-
-def make_procrastinate(dsn: str):
-    import procrastinate
-
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
-
-    @app.task(name="bench_noop")
-    def bench_noop() -> None:
-        return None
-
-    @app.task(name="bench_stamp")
-    def bench_stamp(seq: int) -> None:
-        stamp(seq)
-
-    return app
-
-
-class PgQueuer(System):
-    name, mode, dialect = "pgqueuer", "worker", "postgres"
-
-    def setup(self) -> None:
-        import psycopg
-
-        self.db_name = pg_create_db("pgq")
-        self.dsn = pg_dsn(self.db_name)
-        asyncio.run(self._install())
-        self.conn = psycopg.connect(self.dsn, autocommit=True)
-        self.total = 0
-
-    async def _install(self) -> None:
-        import psycopg
-        from pgqueuer import PsycopgDriver, Queries
-
-        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-            await Queries(PsycopgDriver(conn)).install()
-
-    def reset(self, case: str) -> None:
-        self.conn.execute("TRUNCATE pgqueuer")
-        self.total = 0
-
-    def enqueue(self, n: int, bulk: bool, groups: int | None, deadline: float) -> None:
-        self.total = n
-        asyncio.run(self._enqueue(n, bulk, groups, deadline))
-
-    async def _enqueue(self, n: int, bulk: bool, groups: int | None, deadline: float) -> None:
-        import psycopg
-        from pgqueuer import PsycopgDriver, Queries
-
-        def ep(i: int) -> str:
-            return "noop" if groups is None else f"noop_{i % groups}"
-
-        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-            q = Queries(PsycopgDriver(conn))
-            if bulk:
-                for start in range(0, n, BULK):
-                    idx = range(start, min(n, start + BULK))
-                    await q.enqueue([ep(i) for i in idx], [None] * len(idx), [0] * len(idx))
-                    bounded(deadline)
-            else:
-                for i in range(n):
-                    await q.enqueue(ep(i), None)
-                    if i % 100 == 0:
-                        bounded(deadline)
-
-    def done(self) -> int:  # finished jobs leave the pgqueuer table (they are logged in pgqueuer_log)
-        return self.total - self.conn.execute("SELECT COUNT(*) FROM pgqueuer").fetchone()[0]
-
-    def worker_spec(self, case: str) -> dict:
-        return {"dsn": self.dsn, "groups": GROUPS[case], "latency": case == LATENCY}
-
-    @contextlib.contextmanager
-    def latency_publisher(self) -> Iterator[Callable[[int], object]]:
-        import psycopg
-        from pgqueuer import PsycopgDriver, Queries
-
-        async def connect():
-            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-            return conn, Queries(PsycopgDriver(conn))
-
-        loop = asyncio.new_event_loop()
-        try:
-            conn, q = loop.run_until_complete(connect())
-            try:
-                yield lambda seq: loop.run_until_complete(q.enqueue("stamp", str(seq).encode()))
-            finally:
-                loop.run_until_complete(conn.close())
-        finally:
-            loop.close()
-
-    def cleanup(self) -> None:  # also after a failed setup
-        if getattr(self, "conn", None) is not None:
-            self.conn.close()
-        if getattr(self, "db_name", None):
-            pg_drop_db(self.db_name)
-
-
-class Celery(System):
-    name, mode, dialect = "celery", "worker", "rabbitmq"
-    bulk_supported = False
-    groups_supported = False
-
-    def setup(self) -> None:
-        self.queues_used: list[str] = []
-        self.done_dir = ""
-
-    def reset(self, case: str) -> None:
-        self.qname = f"cel{uuid.uuid4().hex[:8]}{case.lower()}"
-        self.queues_used.append(self.qname)
-
-    def enqueue(self, n: int, bulk: bool, groups: int | None, deadline: float) -> None:
-        app, task, _stamp = make_celery(self.qname, None)
-        try:
-            with app.producer_or_acquire() as producer:
-                for i in range(n):
-                    task.apply_async(producer=producer)
-                    if i % 100 == 0:
-                        bounded(deadline)
-        finally:
-            app.close()
-
-    def done(self) -> int:
-        return sum(p.stat().st_size for p in Path(self.done_dir).glob("done-*"))
-
-    def worker_spec(self, case: str) -> dict:
-        return {"queue": self.qname, "done_dir": self.done_dir}
-
-    @contextlib.contextmanager
-    def latency_publisher(self) -> Iterator[Callable[[int], object]]:
-        app, _task, stamp_task = make_celery(self.qname, None)
-        try:
-            with app.producer_or_acquire() as producer:
-                yield lambda seq: stamp_task.apply_async(args=[seq], producer=producer)
-        finally:
-            app.close()
-
-    def cleanup(self) -> None:  # and the workers' remote-control exchange
-        amqp_delete(self.queues_used + ["celery.pidbox"])
-
-
-def make_celery(qname: str, done_dir: str | None):
-    from celery import Celery as CeleryApp
-
-    app = CeleryApp("bench", broker=AMQP_URL)
-    app.conf.update(
-        task_default_queue=qname,
-        task_ignore_result=True,
-        worker_hijack_root_logger=False,
-        broker_connection_retry_on_startup=False,
-    )
-    state: dict[str, int] = {}
-
-    @app.task(name="bench.noop")
-    def bench_noop() -> None:
-        if done_dir:  # one byte per finished job, in this worker's own file
-            if "fd" not in state:
-                path = os.path.join(done_dir, f"done-{os.getpid()}")
-                state["fd"] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            os.write(state["fd"], b"x")
-
-    @app.task(name="bench.stamp")
-    def bench_stamp(seq: int) -> None:
-        stamp(seq)
-
-    return app, bench_noop, bench_stamp
-
-
-# --- worker processes -----------------------------------------------------------------------------
-
-
-def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
-    """Runs in a subprocess: prepare, signal ready, wait for go, then work until stopped or done."""
-    global _STAMP_FD
-    _STAMP_FD = spec.get("stamp_fd")
-
-    def barrier() -> None:
-        Path(ready).touch()
-        limit = time.monotonic() + 120
-        while not os.path.exists(go):
-            if time.monotonic() > limit:
-                sys.exit(3)
-            time.sleep(0.005)
-
-    if kind == "bgq":
-        import bgq
-        from bgq.stopping import GracefulStop
-
-        mode = spec["mode"]
-        producer = None
-        if mode == "broker":
-            from bgq.broker.rabbitmq import RabbitMQ
-
-            producer = RabbitMQ(AMQP_URL)
-        queue = bgq.Queue(
-            callbacks={"noop": noop, "stamp": stamp},
-            database_url=spec["url"],
-            table_name=spec["table"],
-            queue=spec["queue"],
-            producer=producer,
-            logger=worker_logger(mode),
-        )
-        queue.procs  # connect and check the installed procedures before "go"  # noqa: B018
-        if mode == "work":
-            from bgq.work import work
-
-            barrier()
-            with GracefulStop() as stop:  # what `bgq work` runs; SIGTERM ends it
-                work(queue, sub_queue=None, priorities=None, stop=stop)
-            return
-        if mode == "broker":
-            from bgq.consumer import consume
-
-            barrier()
-            with GracefulStop() as stop:  # what `bgq consume` runs; SIGTERM ends it
-                consume(queue, None, 0, [1], stop)
-            return
-        barrier()
-        table = spec["table"]
-        while True:  # cron mode: loop process() until no unfinished job is left
-            report = queue.process()
-            if report.outcomes.get("claimed"):
-                continue
-            with queue.database.transaction() as conn:
-                left = conn.exec_driver_sql(f"SELECT COUNT(*) FROM {table} WHERE state <> 3").scalar_one()
-            if left == 0:
-                return
-            time.sleep(POLL)
-    elif kind == "procrastinate":
-        app = make_procrastinate(spec["dsn"])
-        logging.getLogger("procrastinate").setLevel(logging.ERROR)
-        barrier()
-        app.run_worker(concurrency=1, wait=True)
-    elif kind == "pgqueuer":
-
-        async def run() -> None:
-            import psycopg
-            from pgqueuer import PgQueuer as PgQ
-            from pgqueuer import PsycopgDriver
-
-            conn = await psycopg.AsyncConnection.connect(spec["dsn"], autocommit=True)
-            pgq = PgQ(PsycopgDriver(conn))
-
-            async def handler(job) -> None:
-                return None
-
-            async def stamp_handler(job) -> None:
-                stamp(int(job.payload))
-
-            groups = spec["groups"]
-            if spec["latency"]:
-                pgq.entrypoint("stamp")(stamp_handler)
-            elif groups is None:
-                pgq.entrypoint("noop")(handler)
-            else:  # one entrypoint per group, each serialised (concurrency_limit=1)
-                for g in range(groups):
-                    pgq.entrypoint(f"noop_{g}", concurrency_limit=1)(handler)
-            barrier()
-            await pgq.run()
-
-        logging.getLogger("pgqueuer").setLevel(logging.ERROR)
-        asyncio.run(run())
-    elif kind == "celery":
-        app, _task, _stamp = make_celery(spec["queue"], spec["done_dir"])
-        barrier()
-        app.worker_main(
-            [
-                "worker",
-                "--pool=solo",
-                "--loglevel=ERROR",
-                "-n",
-                f"w{os.getpid()}@bench",
-                "-Q",
-                spec["queue"],
-                "--without-heartbeat",
-                "--without-gossip",
-                "--without-mingle",
-            ]
-        )
-    else:
-        raise SystemExit(f"unknown worker kind {kind}")
+from tools.bench.report import (  # noqa: E402 (after the sys.path line)
+    cron_table,
+    floor_table,
+    fraction_table,
+    latency_table,
+    sizes_table,
+    summary_table,
+    table,
+    write_doc,
+)
+from tools.bench.systems import (  # noqa: E402 (after the sys.path line)
+    CASE_TITLES,
+    CASES,
+    CRON,
+    CRON_EXIT_WAIT,
+    FLOOR,
+    GROUPS,
+    LATENCY,
+    LATENCY_IDLE,
+    LATENCY_WARMUP,
+    MYSQL_URL,
+    PG_ADMIN,
+    POLL,
+    PROCESSING,
+    STOP_GRACE,
+    SYSTEMS,
+    VERIFY_WAIT,
+    WORKERS,
+    Bgq,
+    CaseTimeout,
+    Celery,
+    NotApplicable,
+    PgQueuer,
+    Procrastinate,
+    System,
+    read_stamps,
+    stamp_count,
+    worker_main,
+)
 
 
 def kill_group(proc: subprocess.Popen, grace: float) -> str:
@@ -763,7 +124,7 @@ class Workers:
         self.procs: list[subprocess.Popen] = []
         if isinstance(system, Celery):
             system.done_dir = str(self.tmp)
-        spec = json.dumps({**system.worker_spec(case), **(extra or {})})
+        spec = json.dumps({**system.worker_spec(case), "stamp_dir": str(self.tmp), **(extra or {})})
         pass_fds = (extra["stamp_fd"],) if extra and "stamp_fd" in extra else ()
         tag = f"{system.name}-{system.mode}-{system.dialect}-{case}"
         try:
@@ -809,21 +170,33 @@ class Workers:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def run_processing(system: System, case: str, n: int, timeout: float, logdir: Path) -> str:
+def run_processing(system: System, case: str, n: int, timeout: float, logdir: Path) -> dict:
+    """Enqueued N jobs -> workers -> "go"; jobs/s = N / (last callback end - first callback start),
+    from the stamps the callbacks write. Then (untimed) the system must record all N as done."""
     workers = Workers(system, case, logdir)
     try:
         if not workers.go():
-            return "error (worker start)"
-        started = time.monotonic()
-        deadline = started + timeout
-        while True:
-            if system.done() >= n:
-                return f"{n / (time.monotonic() - started):.0f}"
-            if time.monotonic() > deadline:
-                return f"timeout ({system.done()}/{n} in {timeout:.0f}s)"
-            if workers.all_exited() and system.done() < n:
-                return "error (workers exited)"
+            return {"error": "error (worker start)"}
+        deadline = time.monotonic() + timeout
+        while stamp_count(workers.tmp) < n:
+            if time.monotonic() > deadline or workers.all_exited():
+                break
             time.sleep(POLL)
+        st = read_stamps(workers.tmp)
+        out = {"n": n, "done": st["count"], "twice": st["twice"]}
+        if st["count"] >= 2:
+            out["seconds"] = st["last"] - st["first"]
+        if st["count"] < n:
+            out["error"] = "workers exited" if workers.all_exited() else f"timeout ({st['count']}/{n})"
+            return out
+        out["rate"] = n / out["seconds"]
+        limit = time.monotonic() + VERIFY_WAIT
+        while system.done() < n and time.monotonic() < limit:
+            time.sleep(POLL)
+        recorded = system.done()
+        if recorded < n:
+            out["note"] = f"{recorded}/{n} recorded done {VERIFY_WAIT:.0f}s after the last callback"
+        return out
     finally:
         workers.stop()
 
@@ -929,12 +302,13 @@ def bgq_command() -> str:
     return str(script) if script.exists() else (shutil.which("bgq") or "bgq")
 
 
-def run_cron(system: Bgq, n: int, procs: int, groups: int, timeout: float, logdir: Path) -> dict[str, str]:
+def run_cron(system: Bgq, n: int, procs: int, groups: int, timeout: float, logdir: Path) -> dict:
     """`procs` slots, each running `bgq process` again as soon as the previous run exits, on a
-    backlog of `n` span jobs; jobs/s from the first callback start to the last callback end."""
+    backlog of `n` jobs; jobs/s from the first callback start to the last callback end."""
     system.enqueue_backlog(n, groups, time.monotonic() + timeout)  # untimed
     tmp = Path(tempfile.mkdtemp(prefix="bench-bgq-cron-"))
-    read_fd, write_fd = os.pipe()
+    stamps = tmp / "stamps"
+    stamps.mkdir()
     spec = json.dumps({"url": system.url, "table": system.table, "queue": system.qname})
     tag = f"{system.name}-{system.mode}-{system.dialect}-{CRON}"
     slots: list[subprocess.Popen | None] = [None] * procs
@@ -948,60 +322,166 @@ def run_cron(system: Bgq, n: int, procs: int, groups: int, timeout: float, logdi
             os.environ,
             BGQ_LOCKS_DIR=str(tmp / f"locks-{i}"),  # its own per-host lock: a separate host
             BENCH_CRON_SPEC=spec,
-            BENCH_STAMP_FD=str(write_fd),
+            BENCH_STAMP_DIR=str(stamps),
         )
         return subprocess.Popen(
-            [bgq_command(), "--app", "tools.bench.run:cron_app", "process"],
+            [bgq_command(), "--app", "tools.bench.systems:cron_app", "process"],
             stdout=logs[i],
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=ROOT,
             env=env,
-            pass_fds=(write_fd,),
         )
 
     try:
-        stamps = Stamps(read_fd)
         deadline = time.monotonic() + timeout
         for i in range(procs):
             slots[i] = start(i)
-        while len(stamps.ended) < n and time.monotonic() < deadline:
-            stamps.read(POLL)
+        while stamp_count(stamps) < n and time.monotonic() < deadline:
+            time.sleep(POLL)
             for i, proc in enumerate(slots):
                 if proc is not None and proc.poll() is not None:
                     failed += proc.returncode != 0
-                    slots[i] = start(i) if len(stamps.ended) < n else None
+                    slots[i] = start(i) if stamp_count(stamps) < n else None
         limit = time.monotonic() + CRON_EXIT_WAIT  # the last runs end once claims find nothing
         while any(p is not None and p.poll() is None for p in slots) and time.monotonic() < limit:
-            stamps.read(POLL)
+            time.sleep(POLL)
         for proc in slots:
             if proc is not None:
                 if proc.poll() is None:
                     kill_group(proc, grace=STOP_GRACE)
                 failed += proc.returncode not in (0, None, -signal.SIGTERM, -signal.SIGKILL)
-        while select.select([read_fd], [], [], 0)[0] and not stamps.closed:
-            stamps.read(0)
+        st = read_stamps(stamps)
     finally:
         for proc in slots:
             if proc is not None:
                 kill_group(proc, grace=STOP_GRACE)
         for log in logs:
             log.close()
-        os.close(write_fd)
-        os.close(read_fd)
         shutil.rmtree(tmp, ignore_errors=True)
-    cell = {"runs": str(runs), "failed": str(failed), "twice": str(stamps.repeated)}
-    done = len(stamps.ended)
-    if done < n:
-        cell["rate"] = f"timeout ({done}/{n} in {timeout:.0f}s)"
-        return cell
-    seconds = max(stamps.ended.values()) - min(stamps.started.values())
-    cell["rate"] = f"{n / seconds:.0f}"
-    cell["seconds"] = f"{seconds:.1f}"
+    out = {"n": n, "runs": runs, "failed": failed, "twice": st["twice"], "done": st["count"]}
+    if st["count"] >= 2:
+        out["seconds"] = st["last"] - st["first"]
+    if st["count"] < n:
+        out["error"] = f"timeout ({st['count']}/{n})"
+        return out
+    out["rate"] = n / out["seconds"]
     finished = system.done()
     if finished != n:
-        cell["rate"] += f" ({finished}/{n} rows FINISHED)"
+        out["note"] = f"{finished}/{n} rows FINISHED"
+    return out
+
+
+def summarise(runs: list[dict], target: float) -> dict:
+    """The cell of a case: median jobs/s with the min-max spread over the repetitions, N, the
+    median span in seconds; a dagger when the median span is below the target."""
+    rates = sorted(r["rate"] for r in runs if "rate" in r)
+    errors = [r["error"] for r in runs if "error" in r]
+    sizes = [str(r["n"]) for r in runs if r.get("n") is not None]
+    cell: dict = {"n": "/".join(dict.fromkeys(sizes)), "reps": len(rates)}
+    notes = sorted({r["note"] for r in runs if r.get("note")} | set(errors))
+    if not rates:
+        cell["text"] = "; ".join(notes) or "no result"
+        return cell
+    med = statistics.median(rates)
+    spans = [r["seconds"] for r in runs if "rate" in r]
+    cell.update(median=med, seconds=statistics.median(spans), twice=sum(r.get("twice", 0) for r in runs))
+    text = f"{med:.0f}" if len(rates) == 1 else f"{med:.0f} ({rates[0]:.0f}–{rates[-1]:.0f})"
+    if cell["seconds"] < target:
+        text += " †"
+    if cell["twice"]:
+        notes.append(f"{cell['twice']} callbacks ran twice")
+    cell["text"] = text + (f" [{'; '.join(notes)}]" if notes else "")
     return cell
+
+
+def calibrate_processing(system: System, case: str, args, logdir: Path) -> tuple[int | None, str]:
+    """A short run of --calib-jobs jobs (at most --calib-seconds): the rate it shows sizes N so that
+    a run lasts about --target seconds. (None, cell text) when even --min-jobs would not finish
+    within --case-timeout."""
+    system.reset(case)
+    n_cal = args.calib_jobs
+    system.enqueue(n_cal, system.bulk_supported, GROUPS[case], time.monotonic() + args.enqueue_timeout)
+    res = run_processing(system, case, n_cal, args.calib_seconds, logdir)
+    done, seconds = res.get("done", 0), res.get("seconds")
+    if res.get("error", "").startswith("error") or (done == 0 and res.get("error") == "workers exited"):
+        return None, f"error in calibration ({res['error']})"
+    if done == 0:
+        return (
+            None,
+            f"< {1 / args.calib_seconds:.2f} (calibration only: no job done in {args.calib_seconds:.0f}s)",
+        )
+    # not all done in time: a span over the few that ran may be short, so count the whole limit
+    rate = done / seconds if done >= n_cal and seconds else done / args.calib_seconds
+    if rate * args.case_timeout < args.min_jobs:
+        return None, (
+            f"≈ {rate:.1f} (calibration only: {done}/{n_cal} jobs in {args.calib_seconds:.0f}s; "
+            f"{args.min_jobs} jobs would exceed {args.case_timeout:.0f}s)"
+        )
+    return min(args.max_jobs, max(args.min_jobs, math.ceil(rate * args.target * 1.15))), ""
+
+
+def calibrate_enqueue(system: System, case: str, args) -> int:
+    system.reset(case)
+    started = time.monotonic()
+    system.enqueue(args.calib_jobs, case == "b", None, started + args.case_timeout)
+    rate = args.calib_jobs / (time.monotonic() - started)
+    return min(args.max_jobs, max(args.min_jobs, math.ceil(rate * args.enqueue_target * 1.15)))
+
+
+def not_supported(system: System, case: str) -> str:
+    if case == "b" and not system.bulk_supported:
+        return "n/a (no batch API)"
+    if case in ("e", "f") and not system.groups_supported:
+        return "n/a (no serial groups)"
+    return ""
+
+
+def run_case(system: System, case: str, args, logdir: Path, global_deadline: float) -> dict:
+    if not_supported(system, case):
+        return {"text": not_supported(system, case)}
+    if global_deadline - time.monotonic() < 10:
+        return {"text": "skipped (global deadline)"}
+    if case in ("a", "b"):
+        n = calibrate_enqueue(system, case, args)
+        target = args.enqueue_target
+    else:
+        n, why = calibrate_processing(system, case, args, logdir)
+        if n is None:
+            return {"text": why}
+        target = args.target
+    runs = []
+    for _ in range(args.reps):
+        remaining = global_deadline - time.monotonic()
+        if remaining < 10:
+            break
+        timeout = min(args.case_timeout, remaining)
+        system.reset(case)
+        try:
+            if case in ("a", "b"):
+                started = time.monotonic()
+                system.enqueue(n, case == "b", None, started + timeout)
+                took = time.monotonic() - started
+                runs.append({"n": n, "rate": n / took, "seconds": took})
+            else:
+                try:
+                    limit = time.monotonic() + min(args.enqueue_timeout, remaining)  # untimed
+                    system.enqueue(n, system.bulk_supported, GROUPS[case], limit)
+                except CaseTimeout:
+                    runs.append({"n": n, "error": "timeout (while enqueueing, untimed)"})
+                else:
+                    runs.append(run_processing(system, case, n, timeout, logdir))
+        except CaseTimeout:
+            runs.append({"n": n, "error": f"timeout ({timeout:.0f}s)"})
+        print(f"      rep {len(runs)}: {fmt_run(runs[-1])}", flush=True)
+        last = runs[-1]
+        if last.get("rate") and last["seconds"] < target:  # the calibration underestimated: grow N
+            n = min(args.max_jobs, max(n, math.ceil(last["rate"] * target * 1.15)))
+    return summarise(runs, target)
+
+
+def fmt_run(run: dict) -> str:
+    return ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in run.items())
 
 
 def run_system(
@@ -1011,18 +491,21 @@ def run_system(
     latencies: dict,
     global_deadline: float,
     logdir: Path,
-    crons: dict | None = None,
+    crons: dict,
+    only: set[str] | None = None,
 ) -> None:
-    row = results.setdefault(system.label(), {})
+    """Runs the cases of `system` that --cases (and `only`, the system's own filter) select."""
+    row = results.setdefault(system.label(), {}) if system.cases != (CRON,) else {}
     print(f"== {system.label()}", flush=True)
     try:
         system.setup()
     except Exception as exc:
         why = str(exc) if isinstance(exc, NotApplicable) else f"setup failed: {type(exc).__name__}"
-        for c in CASES:
-            row[c] = f"n/a ({why})"
-        if crons is not None and CRON in args.cases and system.mode == CRON:
-            crons[system.label()] = {"rate": f"n/a ({why})"}
+        for c in system.cases:
+            if c == CRON:
+                crons[system.label()] = {"text": f"n/a ({why})"}
+            else:
+                row[c] = {"text": f"n/a ({why})"}
         if args.latency and system.latency_supported:
             latencies[system.label()] = {"p50": f"n/a ({why})"}
         print(f"   setup failed: {exc!r}", flush=True)
@@ -1033,48 +516,32 @@ def run_system(
         return
     try:
         for case in CASES:
-            if case not in args.cases:
-                row[case] = "not run"
-                continue
-            if case in ("a", "b") and system.enqueue_same_as:
-                row[case] = "= cron"  # the same Queue.publish path as the row it names
-                continue
-            if case == "b" and not system.bulk_supported:
-                row[case] = "n/a (no batch API)"
-                continue
-            if case in ("e", "f") and not system.groups_supported:
-                row[case] = "n/a (no serial groups)"
-                continue
-            remaining = global_deadline - time.monotonic()
-            if remaining < 10:
-                row[case] = "skipped (global deadline)"
-                continue
-            timeout = min(args.case_timeout, remaining)
-            t0 = time.monotonic()
-            try:
-                system.reset(case)
-                if case in ("a", "b"):
-                    started = time.monotonic()
-                    system.enqueue(args.jobs, case == "b", None, started + timeout)
-                    row[case] = f"{args.jobs / (time.monotonic() - started):.0f}"
+            if case not in system.cases:
+                if system.cases == (CRON,):
+                    continue
+                unsupported = not_supported(system, case)
+                if unsupported:
+                    row[case] = {"text": unsupported}
+                elif system.processing_same_as and case in PROCESSING:
+                    row[case] = {"text": "= " + system.processing_same_as}
                 else:
-                    try:
-                        system.enqueue(
-                            args.jobs, system.bulk_supported, GROUPS[case], time.monotonic() + timeout
-                        )
-                    except CaseTimeout:
-                        row[case] = "timeout (while enqueueing, untimed)"
-                    else:
-                        row[case] = run_processing(system, case, args.jobs, timeout, logdir)
-            except CaseTimeout:
-                row[case] = f"timeout ({timeout:.0f}s)"
+                    row[case] = {"text": "—"}
+                continue
+            if case not in args.cases or (only is not None and case not in only):
+                row[case] = {"text": "not run"}
+                continue
+            t0 = time.monotonic()
+            print(f"   {CASE_TITLES[case]}:", flush=True)
+            try:
+                row[case] = run_case(system, case, args, logdir, global_deadline)
             except Exception as exc:
-                row[case] = f"error ({type(exc).__name__})"
+                row[case] = {"text": f"error ({type(exc).__name__})"}
                 print(f"   {case}: {exc!r}", flush=True)
-            print(f"   {CASE_TITLES[case]}: {row[case]}  [{time.monotonic() - t0:.1f}s]", flush=True)
-        if crons is not None and CRON in args.cases and isinstance(system, Bgq) and system.mode == CRON:
+            print(f"   {CASE_TITLES[case]}: {row[case]['text']}  [{time.monotonic() - t0:.1f}s]", flush=True)
+        if CRON in system.cases and CRON in args.cases and (only is None or CRON in only):
+            assert isinstance(system, Bgq)
             crons[system.label()] = cron_of(system, args, global_deadline, logdir)
-        if args.latency:
+        if args.latency and system.latency_supported and (only is None or LATENCY in only):
             latencies[system.label()] = latency_of(system, args, global_deadline, logdir)
     finally:
         try:
@@ -1083,24 +550,65 @@ def run_system(
             print(f"   cleanup failed: {exc!r}", flush=True)
 
 
-def cron_of(system: Bgq, args, global_deadline: float, logdir: Path) -> dict[str, str]:
-    remaining = global_deadline - time.monotonic()
-    if remaining < 10:
-        return {"rate": "skipped (global deadline)"}
+def cron_of(system: Bgq, args, global_deadline: float, logdir: Path) -> dict:
     t0 = time.monotonic()
-    try:
-        system.reset(CRON)
-        cell = run_cron(
-            system, args.jobs, args.cron_procs, args.cron_groups, min(args.case_timeout, remaining), logdir
-        )
-    except CaseTimeout:
-        cell = {"rate": "timeout (while enqueueing, untimed)"}
-    except Exception as exc:
-        print(f"   cron: {exc!r}", flush=True)
-        cell = {"rate": f"error ({type(exc).__name__})"}
-    shown = ", ".join(f"{k} {v}" for k, v in cell.items())
-    print(f"   cron at a backlog: {shown}  [{time.monotonic() - t0:.1f}s]", flush=True)
+    runs = []
+    for _ in range(args.reps):
+        remaining = global_deadline - time.monotonic()
+        if remaining < 10:
+            break
+        try:
+            system.reset(CRON)
+            runs.append(
+                run_cron(
+                    system,
+                    args.cron_jobs,
+                    args.cron_procs,
+                    args.cron_groups,
+                    min(max(args.case_timeout, 4 * args.target), remaining),
+                    logdir,
+                )
+            )
+        except CaseTimeout:
+            runs.append({"n": args.cron_jobs, "error": "timeout (while enqueueing, untimed)"})
+        except Exception as exc:
+            print(f"   cron: {exc!r}", flush=True)
+            runs.append({"n": args.cron_jobs, "error": f"error ({type(exc).__name__})"})
+        print(f"      rep {len(runs)}: {fmt_run(runs[-1])}", flush=True)
+    cell = summarise(runs, args.target) if runs else {"text": "skipped (global deadline)"}
+    if runs:
+        cell["runs"] = "/".join(str(r.get("runs", "?")) for r in runs)
+        cell["failed"] = sum(r.get("failed", 0) for r in runs)
+        cell["twice"] = sum(r.get("twice", 0) for r in runs)
+    print(f"   cron at a backlog: {cell['text']}  [{time.monotonic() - t0:.1f}s]", flush=True)
     return cell
+
+
+def run_floor(args) -> dict:
+    """Commits/s of one INSERT + COMMIT per transaction, 1 and 2 clients, per dialect; median of
+    --reps runs of --floor-seconds each."""
+    from tools.bench.floor import measure, settings
+
+    urls = {"postgres": PG_ADMIN, "mariadb": MYSQL_URL}
+    out: dict = {}
+    for dialect, url in urls.items():
+        print(f"== commit floor / {dialect}", flush=True)
+        try:
+            out[(dialect, "settings")] = settings(dialect, url)
+        except Exception as exc:
+            out[(dialect, "settings")] = f"unreachable ({type(exc).__name__})"
+            continue
+        for clients in (1, 2):
+            rates = []
+            for _ in range(args.reps):
+                try:
+                    rates.append(measure(dialect, url, clients, args.floor_seconds))
+                except Exception as exc:
+                    print(f"   floor {dialect} x{clients}: {exc!r}", flush=True)
+            runs = [{"rate": r, "seconds": args.floor_seconds, "n": None} for r in rates]
+            out[(dialect, clients)] = summarise(runs, 0) if runs else {"text": "error"}
+            print(f"   {clients} client(s): {out[(dialect, clients)]['text']} commits/s", flush=True)
+    return out
 
 
 def latency_of(system: System, args, global_deadline: float, logdir: Path) -> dict[str, str]:
@@ -1121,123 +629,6 @@ def latency_of(system: System, args, global_deadline: float, logdir: Path) -> di
     shown = ", ".join(f"{k} {v}" for k, v in cell.items())
     print(f"   latency ms: {shown}  [{time.monotonic() - t0:.1f}s]", flush=True)
     return cell
-
-
-# --- report ---------------------------------------------------------------------------------------
-
-TIMEOUT_CELL = re.compile(r"timeout \((?:\d+/\d+ in )?(\d+(?:\.\d+)?)s\)$")
-
-
-def number(cell: str | None) -> float | None:
-    try:
-        return float(cell)
-    except (TypeError, ValueError):
-        return None
-
-
-def peer_bound(cell: str | None, n: int) -> float | None:
-    """A peer that timed out after T s did N jobs at less than N / T jobs/s: an upper bound."""
-    match = TIMEOUT_CELL.match(cell or "")
-    return n / float(match.group(1)) if match else None
-
-
-def ratio(results: dict, case: str, n: int) -> str:
-    ours = [number(r.get(case)) for lbl, r in results.items() if lbl.startswith("bgq ")]
-    ours = [v for v in ours if v is not None]
-    peer_rows = [r.get(case) for lbl, r in results.items() if not lbl.startswith("bgq ")]
-    exact = [v for v in map(number, peer_rows) if v is not None]
-    bounds = [v for v in (peer_bound(c, n) for c in peer_rows) if v is not None]
-    if not ours or not (exact or bounds):
-        return "n/a"
-    best_exact = max(exact, default=0.0)
-    best_bound = max(bounds, default=0.0)
-    if best_bound > best_exact:  # the best peer may be one that timed out: a lower bound on the ratio
-        return f"≥ {max(ours) / best_bound:.2f}"
-    return f"{max(ours) / best_exact:.2f}"
-
-
-def table(results: dict, n: int) -> str:
-    lines = [
-        "| system / mode / dialect | " + " | ".join(CASE_TITLES[c] for c in CASES) + " |",
-        "|---" * (len(CASES) + 1) + "|",
-    ]
-    for label, row in results.items():
-        lines.append(f"| {label} | " + " | ".join(row.get(c, "") for c in CASES) + " |")
-    ratios = [ratio(results, c, n) for c in CASES]
-    lines.append("| **bgq best / best peer** | " + " | ".join(ratios) + " |")
-    return "\n".join(lines)
-
-
-def cron_table(crons: dict) -> str:
-    lines = [
-        "| system / mode / dialect | jobs/s | seconds | runs | runs that failed | jobs run twice |",
-        "|---|---|---|---|---|---|",
-    ]
-    for label, cell in crons.items():
-        cols = [cell.get(k, "") for k in ("rate", "seconds", "runs", "failed", "twice")]
-        lines.append(f"| {label} | " + " | ".join(cols) + " |")
-    return "\n".join(lines)
-
-
-def latency_table(latencies: dict) -> str:
-    lines = ["| system / mode / dialect | p50 ms | p99 ms | max ms | samples |", "|---|---|---|---|---|"]
-    for label, cell in latencies.items():
-        cols = [cell.get(k, "") for k in ("p50", "p99", "max", "n")]
-        lines.append(f"| {label} | " + " | ".join(cols) + " |")
-    return "\n".join(lines)
-
-
-def versions() -> list[str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = []
-    for pkg in (
-        "bgq",
-        "procrastinate",
-        "pgqueuer",
-        "celery",
-        "kombu",
-        "SQLAlchemy",
-        "psycopg",
-        "PyMySQL",
-        "pika",
-    ):
-        try:
-            out.append(f"{pkg} {version(pkg)}")
-        except PackageNotFoundError:
-            out.append(f"{pkg} (not installed)")
-    return out
-
-
-def server_versions() -> list[str]:
-    out = []
-    try:
-        import psycopg
-
-        with psycopg.connect(PG_ADMIN) as conn:
-            out.append("PostgreSQL " + conn.execute("SHOW server_version").fetchone()[0])
-    except Exception as exc:
-        out.append(f"PostgreSQL unreachable ({type(exc).__name__})")
-    try:
-        from sqlalchemy import create_engine
-
-        engine = create_engine(MYSQL_URL)
-        with engine.connect() as conn:
-            out.append("MariaDB " + conn.exec_driver_sql("SELECT VERSION()").scalar_one())
-        engine.dispose()
-    except Exception as exc:
-        out.append(f"MariaDB unreachable ({type(exc).__name__})")
-    try:
-        import pika
-
-        conn = pika.BlockingConnection(pika.URLParameters(AMQP_URL))
-        props = conn._impl.server_properties
-        ver = props.get("version", b"?")
-        out.append("RabbitMQ " + (ver.decode() if isinstance(ver, bytes) else str(ver)))
-        conn.close()
-    except Exception as exc:
-        out.append(f"RabbitMQ unreachable ({type(exc).__name__})")
-    return out
 
 
 def head_timing(sizes: str, remaining: float) -> str:
@@ -1263,161 +654,66 @@ def head_timing(sizes: str, remaining: float) -> str:
         return f"(timeout after {limit:.0f}s)"
 
 
-def write_doc(
-    path: Path, args, md: str, cron_md: str, latency_md: str, head: str, started_at: str, total: float
-) -> None:
-    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
-    options = " ".join(sys.argv[1:]) or "(defaults)"
-    gap_lo, gap_hi = 0.5 * args.latency_gap * 1000, 1.5 * args.latency_gap * 1000
-    doc = f"""# Benchmarks
-
-Generated by `tools/bench/run.py` on {started_at} (`date -u`); the run took {total:.0f} s.
-
-- N = {args.jobs} no-op jobs per case; `nproc` = {nproc}; Python {sys.version.split()[0]}
-- options: `{options}`
-- packages: {", ".join(versions())}
-- servers: {", ".join(server_versions())}
-
-How to run: `make bench` (creates `.venv-bench` from `tools/bench/requirements.txt` plus bgq from
-this source tree, and runs `.venv-bench/bin/python tools/bench/run.py`; pass options with
-`BENCH_ARGS="--jobs 2000"`; `run.py --help` lists them). The run is bounded: {args.case_timeout:.0f} s
-per case, {args.latency_timeout:.0f} s per latency run, {args.deadline:.0f} s for all systems.
-
-## Throughput (jobs/s)
-
-Cells are jobs/s (N / wall time). Enqueue cases time the client calls in one process. Processing
-cases enqueue N jobs first (untimed), start the worker processes (one process per worker), wait
-until every worker has imported its code and connected, then time from "go" until the database
-reports N jobs done (bgq: N rows in state FINISHED; celery: the workers' done-files hold N bytes).
-Then the workers get SIGTERM. A processing cell that does not finish within the per-case timeout
-shows `timeout (done/N in …)`.
-
-- bgq work: worker processes call `bgq.work.work(queue, sub_queue=None, priorities=None,
-  stop=stop)` inside `bgq.stopping.GracefulStop` (what `bgq work` runs, one process per worker); on
-  PostgreSQL they wake on LISTEN/NOTIFY, on MariaDB they poll adaptively. The enqueue cells of a
-  work row read `= cron` when the cron row of the same dialect is in the run: publishing is the
-  same `Queue.publish` / `start_bulk()` call into the same kind of table whichever worker
-  processes the jobs, so those calls are measured once, in the cron row, and not again.
-- bgq cron: worker processes loop `queue.process()` until no unfinished job is left (several
-  cron workers race for the same due ids; the loser's claim is refused by the procedure).
-- bgq broker: worker processes run `bgq.consumer.consume` (what `bgq consume` runs) on RabbitMQ.
-- bgq bulk: `start_bulk()` / `end_bulk()` with `bulk_size=500`; groups: `serial_group="one"` or
-  `"g<i % 100>"`. Between cases the bgq tables are emptied with TRUNCATE.
-- procrastinate: `task.defer()` / `task.batch_defer()` (500 per call), workers
-  `app.run_worker(concurrency=1)`; groups: `configure(lock=...)`.
-- pgqueuer: `Queries.enqueue()` (lists of 500 for bulk), workers `PgQueuer.run()` with default
-  batch size; groups: one entrypoint per group with `concurrency_limit=1` (serialised dispatch).
-- celery: `apply_async()` on one producer connection, workers `celery worker --pool=solo` (one
-  process each) on RabbitMQ, no result backend; no batch publish API and no serial groups. Its
-  processing time includes the start of the celery worker, which begins after "go".
-
-The last row divides the best bgq row (work, cron or broker, either dialect) by the best peer row,
-per column; cells that are not numbers do not count. `≥ x` means the best peer may be one that
-timed out: a peer that had not done N jobs after T s runs at less than N / T jobs/s, so bgq's
-ratio to it is at least x.
-
-{md}
-
-## Cron mode at a backlog (jobs/s)
-
-bgq only, so there is no peer column and no ratio: none of procrastinate, pgqueuer and celery has a
-cron mode (a command that a scheduler starts, which runs what is due and exits); they have only
-continuous workers, which the throughput table compares.
-
-For each dialect a backlog of N = {args.jobs} jobs is enqueued first (untimed, `start_bulk()`):
-{args.jobs // 10} of them (N // 10) without a group, the others each in one of G =
-{args.cron_groups} groups chosen at random (`serial_group="g<k>"`), every job with a random
-priority of 1, 2 or 3, the two kinds in random id order. Then K = {args.cron_procs} slots each run
-`bgq process` (the console script, `--app` a queue with the same table), each slot with its own
-`BGQ_LOCKS_DIR`, so that no run is refused by another's per-host lock: they act as K hosts. A slot
-starts `bgq process` again as soon as the previous run exits, as a cron that starts it every few
-seconds would, without the wait. A run is `bgq work`'s loop that ends when its claims find nothing
-or after 1,000 jobs, so a backlog over K × 1,000 jobs takes several runs per slot, and every run
-after a slot's first includes a new process's start (Python, imports, connecting, the
-installed-procedures check). Each job's callback writes `time.time()` into a pipe as its first and
-its last statement; jobs/s is N / (last callback end - first callback start), `seconds` is that
-span. `runs` counts every `bgq process` started, `runs that failed` those that exited with a status
-other than 0, `jobs run twice` callbacks that started for a job whose callback had already started
-(0 expected). A cell that does not finish within the per-case timeout shows `timeout (done/N in
-…)`; a row count other than N in state FINISHED at the end is shown beside the figure.
-
-{cron_md}
-
-## Single-job latency (ms)
-
-One worker process per system is started and left idle ({LATENCY_IDLE:.0f} s). Then, up to
-{args.latency} times, the harness takes `time.time()` just before it publishes one job (bgq
-`Queue.publish()`, procrastinate `defer()`, pgqueuer `Queries.enqueue()`, celery `apply_async()`),
-the job's callback writes `time.time()` into a pipe as its first statement, and the harness waits
-for that line before it publishes the next job, after a random pause of {gap_lo:.0f} to {gap_hi:.0f}
-ms (so the worker is idle again, and the pauses do not fall in step with a poll interval). A
-sample is thus publish (with its commit) + wake-up + claim + callback start. The first
-{LATENCY_WARMUP} samples are warm-up and dropped; p50, p99 and max are nearest-rank over the
-remaining ones; a run stops after {args.latency_timeout:.0f} s with the samples it has.
-
-- bgq work: PostgreSQL wakes the worker by NOTIFY (a trigger on insert); MariaDB by its adaptive
-  poll, whose interval the pause between jobs influences.
-- bgq broker: `consume` on RabbitMQ; `publish()` commits the row, then sends the id.
-- bgq cron: not measured: a job waits for the next `bgq process` (cron starts it once a minute).
-- procrastinate: `run_worker(concurrency=1)` with `listen_notify` (its default; polls every 5 s
-  besides). pgqueuer: `PgQueuer.run()`, woken by its NOTIFY trigger. celery: `--pool=solo`,
-  messages pushed by RabbitMQ.
-
-{latency_md}
-
-## Head-of-group selection: `tools/head_timing.py --sizes {args.head_sizes}`
-
-For each dialect and size W, a fresh bgq table gets G = min(W, 5000) groups with one PROCESSING
-job each, then W WAITING jobs spread at random over those groups with priorities 1 to 3; the
-procedures derive the `_group` rows, then the tables are analysed. Each figure is the median of 7
-runs, in ms; every write is rolled back, so each run sees the same table:
-
-- `group_heads`: one call of the `group_heads` procedure, which returns the WAITING head of
-  every group (G rows, read from the `_group` table that the procedures keep);
-- `predecessor`: one call of `predecessor` for a WAITING job (the job ahead of it in its group),
-  mean over 10 jobs;
-- `claim(wait)`: one claim (`claim`, as `bgq process` and `bgq consume` do it) of a WAITING job
-  whose group has a job running, which the procedure must refuse ("waiting") after finding the
-  group's head and its running job, mean over 10 claims;
-- `batch(busy)`: one `claim_batch` (the claim of `bgq work`, limit 100) while every group runs a
-  job, so no head may be claimed: the time it takes to find that out;
-- `batch(idle)`: one `claim_batch` with limit 1 after the running jobs were set FINISHED in the
-  same transaction (untimed), so all G heads may be claimed: it claims the first of them in
-  (priority, id) order;
-- `fill s`: how long filling took (setup, not a result).
-
-```
-{head}
-```
-"""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(doc)
+QUICK = {  # --quick: a smoke run that proves every system and case works, in a few minutes
+    "target": 1.0,
+    "enqueue_target": 0.5,
+    "calib_jobs": 100,
+    "calib_seconds": 5.0,
+    "min_jobs": 20,
+    "max_jobs": 500,
+    "cron_jobs": 300,
+    "reps": 1,
+    "floor_seconds": 1.0,
+    "latency": 20,
+    "case_timeout": 30.0,
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=10_000, help="jobs per case (N)")
     parser.add_argument(
-        "--systems", default=",".join(SYSTEMS), help=f"comma-separated, in run order: {','.join(SYSTEMS)}"
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated, in run order: {','.join(SYSTEMS)}; KEY:c+d+L runs only cases c, d and "
+        "the latency run (L) of that system",
     )
     parser.add_argument(
         "--cases", default=",".join([*CASES, CRON]), help='throughput cases: a-f, cron, or "none"'
     )
-    parser.add_argument("--case-timeout", type=float, default=120.0, help="seconds per case")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per case (median, min-max)")
+    parser.add_argument("--target", type=float, default=10.0, help="seconds a processing run should last")
+    parser.add_argument(
+        "--enqueue-target", type=float, default=5.0, help="seconds an enqueue run should last"
+    )
+    parser.add_argument("--calib-jobs", type=int, default=1000, help="jobs of the calibration run per case")
+    parser.add_argument("--calib-seconds", type=float, default=8.0, help="time limit of a calibration run")
+    parser.add_argument("--min-jobs", type=int, default=50, help="smallest N of a measured run")
+    parser.add_argument("--max-jobs", type=int, default=200_000, help="largest N of a measured run")
+    parser.add_argument("--case-timeout", type=float, default=60.0, help="seconds per measured run")
+    parser.add_argument(
+        "--enqueue-timeout", type=float, default=180.0, help="seconds for the untimed enqueue before a run"
+    )
+    parser.add_argument("--cron-jobs", type=int, default=10_000, help="cron case: backlog size N")
     parser.add_argument(
         "--cron-procs", type=int, default=4, help="cron case: `bgq process` processes (K), each a host"
     )
     parser.add_argument("--cron-groups", type=int, default=100, help="cron case: serial groups (G)")
+    parser.add_argument("--floor-seconds", type=float, default=5.0, help="seconds per commit-floor run")
     parser.add_argument(
-        "--latency", type=int, default=200, help="single-job latency samples per system (0: none)"
+        "--latency", type=int, default=100, help="single-job latency samples per system (0: none)"
     )
-    parser.add_argument("--latency-timeout", type=float, default=60.0, help="seconds per latency run")
+    parser.add_argument("--latency-timeout", type=float, default=40.0, help="seconds per latency run")
     parser.add_argument(
         "--latency-gap", type=float, default=0.1, help="mean seconds between latency jobs (0.5x-1.5x)"
     )
     parser.add_argument("--head-sizes", default="1000,20000,100000", help="waiting rows for head_timing")
     parser.add_argument("--no-head-timing", action="store_true")
-    parser.add_argument("--deadline", type=float, default=2400.0, help="seconds for all systems")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: tiny N, 1 rep (" + ", ".join(f"{k}={v}" for k, v in QUICK.items()) + ")",
+    )
+    parser.add_argument("--deadline", type=float, default=2700.0, help="seconds for all systems")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--worker", nargs=4, metavar=("KIND", "SPEC", "READY", "GO"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1425,13 +721,25 @@ def main() -> None:
         kind, spec, ready, go = args.worker
         worker_main(kind, json.loads(spec), ready, go)
         return
+    if args.quick:
+        given = {a.split("=")[0].lstrip("-").replace("-", "_") for a in sys.argv[1:] if a.startswith("--")}
+        for k, v in QUICK.items():
+            if k not in given:
+                setattr(args, k, v)
+        args.no_head_timing = True
     args.cases = set() if args.cases == "none" else set(args.cases.split(","))
-    keys = args.systems.split(",")
+    only: dict[str, set[str] | None] = {}  # "bgq-pg-broker:d+L": that system runs only d and latency
+    for entry in args.systems.split(","):
+        key, _, sel = entry.partition(":")
+        only[key] = set(sel.split("+")) if sel else None
+    keys = list(only)
+    chosen = set().union(*(v for v in only.values() if v))
     unknown = sorted((args.cases - set(CASES) - {CRON}) | (set(keys) - set(SYSTEMS)))
+    unknown += sorted(chosen - set(CASES) - {CRON, LATENCY})
     if unknown:
         parser.error(f"unknown case or system: {', '.join(unknown)}")
-    if args.cron_procs < 1 or args.cron_groups < 1:
-        parser.error("--cron-procs and --cron-groups must be at least 1")
+    if args.cron_procs < 1 or args.cron_groups < 1 or args.reps < 1:
+        parser.error("--cron-procs, --cron-groups and --reps must be at least 1")
 
     started_at = subprocess.run(["date", "-u"], capture_output=True, text=True).stdout.strip()
     t_start = time.monotonic()
@@ -1446,32 +754,37 @@ def main() -> None:
         "procrastinate": Procrastinate,
         "pgqueuer": PgQueuer,
         "celery": Celery,
+        "celery-confirm": lambda: Celery(confirm=True),
     }
     logdir = Path(tempfile.mkdtemp(prefix="bench-logs-"))
-    print(f"N = {args.jobs}; worker logs in {logdir}", flush=True)
-    results: dict[str, dict[str, str]] = {}
+    print(
+        f"target {args.target:.0f}s per processing run, {args.reps} reps; worker logs in {logdir}", flush=True
+    )
+    results: dict[str, dict[str, dict]] = {}
     latencies: dict[str, dict[str, str]] = {}
-    crons: dict[str, dict[str, str]] = {}
+    crons: dict[str, dict] = {}
+    floors: dict = run_floor(args) if FLOOR in keys else {}
     for key in keys:
+        if key == FLOOR:
+            continue
         system = factories[key]()
-        cron = key.replace("-work", "-cron")
-        if key.endswith("-work") and cron in keys:
-            system.enqueue_same_as = factories[cron]().label()
-        run_system(system, args, results, latencies, global_deadline, logdir, crons)
-    md = table(results, args.jobs)
+        if key == "celery-confirm":
+            system.processing_same_as = Celery().label()
+        run_system(system, args, results, latencies, global_deadline, logdir, crons, only[key])
+    md = table(results)
     if crons:
         cron_md = cron_table(crons)
     elif CRON in args.cases:
         cron_md = "(not measured: no bgq cron system in --systems)"
     else:
         cron_md = "(not measured: not in --cases)"
+    floor_md = floor_table(floors) if floors else "(not measured: `floor` not in --systems)"
+    fraction_md = fraction_table(results, crons, floors) if floors else "(no commit floor measured)"
+    sizes_md = sizes_table(results, crons)
     latency_md = latency_table(latencies) if latencies else "(not measured: --latency 0)"
-    print()
-    print(md)
-    print()
-    print(cron_md)
-    print()
-    print(latency_md, flush=True)
+    for part in (floor_md, summary_table(results), md, fraction_md, sizes_md, cron_md, latency_md):
+        print()
+        print(part, flush=True)
     if args.no_head_timing:
         head = "(skipped: --no-head-timing)"
     else:
@@ -1479,7 +792,9 @@ def main() -> None:
     print()
     print(head)
     total = time.monotonic() - t_start
-    write_doc(Path(args.out), args, md, cron_md, latency_md, head, started_at, total)
+    tables = {"md": md, "cron": cron_md, "floor": floor_md, "fraction": fraction_md, "sizes": sizes_md}
+    tables["summary"] = summary_table(results)
+    write_doc(Path(args.out), args, tables, latency_md, head, started_at, total)
     took = dt.timedelta(seconds=round(total))
     print(f"\nwrote {args.out}; worker logs in {logdir}; total {total:.0f} s ({took})")
 
