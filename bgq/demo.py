@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .install import uninstall
 from .model import TERMINAL, JobState
 from .queue import Queue
 
@@ -64,9 +65,9 @@ def run_demo(
     try:
         mode = f"broker mode, {CONSUMERS} consumers on {broker_url}" if broker_url else "cron mode"
         out(f"bgq demo on {queue.database.dialect.name} ({queue.database.safe_url}), {mode}")
+        # The demo owns its table: it starts from a fresh install, whatever an earlier bgq left there.
+        uninstall(queue.database, DEMO_TABLE)
         queue.install()
-        with queue.database.transaction() as conn:
-            queue.procs.delete_all(conn)
         if broker_url:  # consumers first: they wait on the queues the publisher fills
             ctx = multiprocessing.get_context("spawn")
             url = queue.config.database_url or queue.database.url.render_as_string(hide_password=False)

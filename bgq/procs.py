@@ -497,11 +497,6 @@ class Procs:
         finally:
             cursor.close()
 
-    def delete_all(self, conn: Connection) -> None:
-        """Empty the jobs and group tables (the demo's own table, and tests)."""
-        conn.exec_driver_sql(f"DELETE FROM {self.table}")
-        conn.exec_driver_sql(f"DELETE FROM {self.table}_group")
-
     def heartbeat(
         self, conn: Connection, job_id: int, attempt: int, now: dt.datetime | None = None,
         *, metadata_json: str | None = None,

@@ -8,6 +8,7 @@ import random
 from typing import Any
 
 from ..errors import PermanentErrorException
+from ..install import uninstall
 from ..queue import Queue
 
 DEMO_TABLE = "bgq_console_demo"
@@ -63,13 +64,12 @@ def demo_queue(database_url: str | None) -> Queue:
 
 
 def seed(queue: Queue, seed_value: int = 7) -> None:
-    """Empty the demo table, publish a mixed workload, run part of it, and leave the rest: finished,
+    """Install the demo table afresh, publish a mixed workload, run part of it, and leave the rest: finished,
     failed (temporarily and for good), postponed, serial groups with a backlog (one group named
     `<script>alert(1)</script>`: the console shows it as text) and pickled parameters."""
     rnd = random.Random(seed_value)
+    uninstall(queue.database, queue.config.table_name)  # the demo owns its table: a fresh install
     queue.install()
-    with queue.database.transaction() as conn:
-        queue.procs.delete_all(conn)
     for n in range(40):
         queue.publish("send_mail", {"to": f"user{n}@example.com", "subject": "Your order"}, priority=2)
     for order in range(1, 13):
