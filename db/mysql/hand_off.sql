@@ -90,7 +90,8 @@ BEGIN
             created_at,
             last_attempt_at,
             postponed_by,
-            processed_by_broker
+            processed_by_broker,
+            serial_group
         FROM {{ table }}
         WHERE pending_group = p_group
         ORDER BY priority, id

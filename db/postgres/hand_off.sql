@@ -91,7 +91,7 @@ BEGIN
     SELECT h.id INTO v_head
     FROM (
         SELECT g.id, g.priority, g.state, g.queue, g.created_at, g.last_attempt_at, g.postponed_by,
-            g.processed_by_broker
+            g.processed_by_broker, g.serial_group
         FROM {{ table }} AS g
         WHERE g.serial_group = p_group AND g.state IN (-1, 1, 4, 6, 8)
         ORDER BY g.priority, g.id
