@@ -77,9 +77,10 @@ BEGIN
         WHERE name = p_name;
     END IF;
 
-    SELECT
-        next_fire_at,
-        1 - LEAST(v_existed, 1) AS created
+    -- The contract's column order (created, then next_fire_at), as on PostgreSQL, hence the noqa.
+    SELECT  -- noqa: ST06
+        1 - LEAST(v_existed, 1) AS created,
+        next_fire_at
     FROM {{ table }}_schedule
     WHERE name = p_name;
 END
