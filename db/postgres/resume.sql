@@ -2,7 +2,8 @@
 --
 -- Contract
 --   SELECT * FROM {{ table }}_resume(p_kind, p_name)
---   p_kind  'queue' or 'group'; p_name  the name given to {{ table }}_pause.
+--   p_kind  'queue' or 'group'.
+--   p_name  the name given to {{ table }}_pause.
 -- Result: one row (resumed): 1 when it was paused, 0 when it was not.
 -- What it does: deletes the pause row; the next claims take the jobs again in (priority, id)
 --   order (nothing else was changed while paused). In broker mode a message that arrived while
