@@ -352,28 +352,40 @@ def test_job_ref_matches_the_due_jobs_columns():
 # --- what each dialect actually returns ---
 
 _FINISHED = json.dumps([{"id": 987654, "attempt": 1, "state": 3}])
-#: Arguments of every public procedure, called on a real table that holds one READY job (`job`)
-#: and one claimed job (`running`, `attempt`): each call returns at least one row where its
-#: contract allows it.
+#: Arguments of every public procedure, called on a real table that holds one READY job (`job`),
+#: one claimed job (`running`, `attempt`) of a registered worker (`worker`, silent since T0), a
+#: paused group and a schedule: each call returns at least one row where its contract allows it.
 _RESULT_CALLS = {
-    "back_to_broker": lambda job, running, attempt: (QUEUE, 10, T0),
-    "broker_failed": lambda job, running, attempt: (job, "headers", T0),
-    "claim": lambda job, running, attempt: (job, QUEUE, PID, 1000, None, None, T0),
-    "claim_batch": lambda job, running, attempt: (QUEUE, 10, PID, None, None, None, 1000, None, T0),
-    "clear_finished": lambda job, running, attempt: (QUEUE, None, T0),
-    "due_jobs": lambda job, running, attempt: (QUEUE, 0, 10, T0),
-    "finish": lambda job, running, attempt: (running, attempt, 3, None, None, None, None, None, T0),
-    "finish_batch": lambda job, running, attempt: (_FINISHED, T0),
-    "group_heads": lambda job, running, attempt: (),
-    "hand_off": lambda job, running, attempt: (_FINISHED, "hg", QUEUE, PID, None, None, 1000, None, T0),
-    "heartbeat": lambda job, running, attempt: (running, attempt, None, T0),
-    "lost_messages": lambda job, running, attempt: (QUEUE, 0, 10, T0),
-    "monitor": lambda job, running, attempt: (QUEUE, 0, T0),
-    "promote_waiting": lambda job, running, attempt: (T0,),
-    "reap": lambda job, running, attempt: (QUEUE, 0, 10, None, at(1)),
-    "requeue": lambda job, running, attempt: (job, "headers", T0),
-    "run_now": lambda job, running, attempt: (job, "headers", T0),
-    "unfinished_identifiers": lambda job, running, attempt: (QUEUE, None, 0),
+    "back_to_broker": lambda c: (QUEUE, 10, T0),
+    "broker_failed": lambda c: (c.job, "headers", T0),
+    "claim": lambda c: (c.job, QUEUE, PID, 1000, None, None, T0),
+    "claim_batch": lambda c: (QUEUE, 10, PID, None, None, None, 1000, None, T0),
+    "clear_finished": lambda c: (QUEUE, None, T0),
+    "due_jobs": lambda c: (QUEUE, 0, 10, T0),
+    "finish": lambda c: (c.running, c.attempt, 3, None, None, None, None, None, T0),
+    "finish_batch": lambda c: (_FINISHED, T0),
+    "group_heads": lambda c: (),
+    "hand_off": lambda c: (_FINISHED, "hg", QUEUE, PID, None, None, 1000, None, T0),
+    "heartbeat": lambda c: (c.running, c.attempt, None, T0),
+    "lost_messages": lambda c: (QUEUE, 0, 10, T0),
+    "monitor": lambda c: (QUEUE, 0, T0),
+    "promote_waiting": lambda c: (T0,),
+    "reap": lambda c: (QUEUE, 0, 10, None, at(1)),
+    "requeue": lambda c: (c.job, "headers", T0),
+    "run_now": lambda c: (c.job, "headers", T0),
+    "unfinished_identifiers": lambda c: (QUEUE, None, 0),
+    "worker_register": lambda c: ("host-h", PID, "work", QUEUE, "0.0.0", T0),
+    "worker_heartbeat": lambda c: (c.worker, c.running, 1, T0),
+    "worker_deregister": lambda c: (c.worker,),
+    "worker_reap": lambda c: (QUEUE, 30, 10, None, at(31)),
+    "pause": lambda c: ("group", "hp", "headers", "tests", T0),
+    "resume": lambda c: ("group", "hp"),
+    "pauses": lambda c: (),
+    "cancel": lambda c: (c.job, "headers", T0),
+    "schedule_upsert": lambda c: ("hs2", "* * * * *", "UTC", "cb", None, QUEUE, None, 1, "once", at(60), T0),
+    "schedule_retire": lambda c: (QUEUE, "[]", T0),
+    "schedules": lambda c: (QUEUE, 0, T0),
+    "fire": lambda c: ("hs", at(60), at(120), T0),
 }
 _ROW_PROCS = [p for p in ALL_PROCS if not p.function]
 
@@ -382,11 +394,24 @@ def test_every_row_returning_procedure_has_a_result_call():
     assert sorted(_RESULT_CALLS) == sorted(p.name for p in _ROW_PROCS)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Setup:
+    job: int
+    running: int
+    attempt: int
+    worker: int
+
+
 def returned_columns(installed, proc) -> tuple[list[str], int]:
     """The column names a real call of `proc` returns, in order, and how many rows it returned."""
     job = new_job(installed, identifier="h")
     running = new_job(installed)
-    attempt = claimed(installed, running)
+    procs = Procs(installed.db, installed.table)
+    with installed.db.transaction() as conn:
+        worker = procs.worker_register(conn, "host-h", PID, "work", QUEUE, "0.0.0", T0)
+        procs.pause(conn, "group", "hp", "headers", "tests", T0)
+        procs.schedule_upsert(conn, "hs", "* * * * *", "UTC", "cb", None, QUEUE, None, 1, "once", at(60), T0)
+    attempt = claimed(installed, running, worker_id=worker)
     if proc.name == "back_to_broker":
         set_row(installed, job, state=-1)
     if proc.name in ("group_heads", "promote_waiting"):  # a group with a WAITING head
@@ -396,7 +421,7 @@ def returned_columns(installed, proc) -> tuple[list[str], int]:
         if proc.name == "promote_waiting":
             set_row(installed, head, state=3)  # behind the group's back: nobody woke `second`
     with installed.db.transaction() as conn:
-        args = _RESULT_CALLS[proc.name](job, running, attempt)
+        args = _RESULT_CALLS[proc.name](_Setup(job, running, attempt, worker))
         result = conn.exec_driver_sql(installed.db.dialect.call_sql(installed.table, proc), args)
         columns = list(result.keys())
         rows = result.all()
