@@ -356,6 +356,7 @@ def test_checklist_90_monitor_json(cli, make_queue, installed):
         "temporarily_failed": {"state": 4, "count": 0, "oldest_since": None},
         "permanently_failed": {"state": 5, "count": 1, "oldest_since": "2024-05-01T10:00:00.250000+00:00"},
         "processing_over_24h": {"state": 2, "count": 0, "oldest_since": None},
+        "paused": [],
         "process_lock": None,
     }
 
