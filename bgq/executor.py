@@ -98,17 +98,30 @@ class Executor:
     # --- the steps every mode shares ---
 
     def still_ours(self, job_id: int, attempt: int, claimed_at: float) -> bool:
-        """Whether a claimed job may start now. A claim older than half of stalled_job_timeout
-        (`claimed_at`: time.monotonic() before the claim; it counts the time a process spent
+        """Whether a claimed job may start now. A claim older than half of the shortest reaping
+        bound (stalled_job_timeout, and worker_dead_after while this process is registered;
+        `claimed_at`: time.monotonic() before the claim, which counts the time a process spent
         stopped) may have been reaped and run by another worker while this one was frozen, or
-        while its claim or acknowledgement was slow: a fenced heartbeat says whether the claim
-        still holds, and renews it, before the callback starts. A job taken over is left alone
-        (logged at WARNING); one whose check fails on the database is left to the reaper."""
-        timeout = self.config.stalled_job_timeout
-        if not timeout or time.monotonic() - claimed_at <= timeout / 2:
+        while its claim or acknowledgement was slow. One transaction then renews this worker's
+        row (so the dead-worker reap stops here) and makes a fenced heartbeat of the job, which
+        says whether the claim still holds, and renews it, before the callback starts. A job
+        taken over is left alone (logged at WARNING); one whose check fails on the database is
+        left to the reaper."""
+        bounds = [self.config.stalled_job_timeout]
+        if self.worker_id is not None:
+            bounds.append(self.config.worker_dead_after)
+        bounds = [b for b in bounds if b]
+        if not bounds or time.monotonic() - claimed_at <= min(bounds) / 2:
             return True
+        worker_id, procs = self.worker_id, self.store.procs
+
+        def check(conn: Connection) -> bool:
+            if worker_id is not None:
+                procs.worker_heartbeat(conn, worker_id, self.current_job_id, self.jobs_done)
+            return procs.heartbeat(conn, job_id, attempt)
+
         try:
-            alive = self.retrying(lambda conn: self.store.procs.heartbeat(conn, job_id, attempt))
+            alive = self.retrying(check)
         except BgqError as exc:
             self.log.warning(
                 f"bgq: Checking a late job's claim failed; left to the reaper. (ID: {job_id}) ({exc})"

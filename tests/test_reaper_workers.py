@@ -204,6 +204,40 @@ def test_a_consumer_held_up_between_claim_and_start_does_not_run_a_job_taken_ove
     assert (row["state"], row["number_of_attempts"]) == (JobState.FINISHED, 2)
 
 
+def test_a_registered_worker_held_up_past_the_worker_bound_does_not_run_a_job_taken_over(
+    make_queue, installed
+):
+    """Found by a newcomer's fault run (PostgreSQL, worker_dead_after 10, stalled_job_timeout at
+    its default 3600): a `bgq work` process SIGSTOPped between a claim and its start for longer
+    than worker_dead_after had its job taken back by the dead-worker reap and run by another
+    worker; on SIGCONT it ran the job again, after later jobs of its group. The late-start check
+    only looked at stalled_job_timeout. It now uses the shortest reaping bound, and renews the
+    worker's row before the job's fenced heartbeat."""
+    ran = []
+    options = {
+        "stalled_job_timeout": 3600, "worker_dead_after": 3, "worker_heartbeat_interval": 1,
+        "stalled_job_backoff": 0,
+    }  # fmt: skip
+    zombie = make_queue(callbacks={"job": lambda: ran.append("zombie")}, **options)
+    owner = make_queue(callbacks={"job": lambda: ran.append("owner")}, **options)
+    with zombie.database.transaction() as conn:  # registered, and then frozen: no heartbeat thread
+        zombie.executor.worker_id = zombie.procs.worker_register(
+            conn, "h", os.getpid(), "work", "general", "t"
+        )
+    job = zombie.publish("job")
+
+    def held_up() -> None:  # a SIGSTOP after the claim: the worker's row goes stale, others move on
+        time.sleep(1.7)  # past half of worker_dead_after, far below half of stalled_job_timeout
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30)
+        assert [r.id for r in owner.reaper.run_once(later)] == [job]
+        assert owner.process_job(job) == "claimed"
+
+    assert zombie.process_job(job, on_claimed=held_up) == "taken_over"
+    assert ran == ["owner"]
+    row = installed.sql("SELECT state, number_of_attempts FROM {t} WHERE id = %s", (job,))[0]
+    assert (row["state"], row["number_of_attempts"]) == (JobState.FINISHED, 2)
+
+
 def test_a_late_claim_that_still_holds_runs_and_is_renewed(make_queue, installed):
     """The same check lets a late job whose claim nobody took run: its heartbeat is renewed first,
     so the reaper (which would take it at stalled_job_timeout) leaves it alone meanwhile."""
