@@ -1,4 +1,4 @@
--- bgq {{ table }}_hand_off, version 1 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_hand_off, version 2 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_hand_off(p_results, p_group, p_queue, p_pid, p_min_priority, p_max_priority,
@@ -87,6 +87,7 @@ BEGIN
             priority,
             state,
             queue,
+            serial_group,
             created_at,
             last_attempt_at,
             postponed_by,

@@ -1,4 +1,4 @@
--- bgq {{ table }}_hand_off, version 1 (PostgreSQL 15)
+-- bgq {{ table }}_hand_off, version 2 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_hand_off(p_results, p_group, p_queue, p_pid, p_min_priority,
@@ -90,8 +90,8 @@ BEGIN
     -- The group's head, if it is claimable here (one index dive).
     SELECT h.id INTO v_head
     FROM (
-        SELECT g.id, g.priority, g.state, g.queue, g.created_at, g.last_attempt_at, g.postponed_by,
-            g.processed_by_broker
+        SELECT g.id, g.priority, g.state, g.queue, g.serial_group, g.created_at, g.last_attempt_at,
+            g.postponed_by, g.processed_by_broker
         FROM {{ table }} AS g
         WHERE g.serial_group = p_group AND g.state IN (-1, 1, 4, 6, 8)
         ORDER BY g.priority, g.id
