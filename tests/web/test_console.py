@@ -319,3 +319,29 @@ def test_a_worker_silent_longer_than_worker_dead_after_shows_dead(make_queue, in
         assert ">dead<" in row
         overview = client.get("/").text
         assert '<span id="alive">0</span>' in overview and "(1 dead, not reaped yet)" in overview
+
+
+def test_cancel_reports_each_outcome_a_running_job_is_asked_to_abort(make_queue, installed):
+    from starlette.testclient import TestClient
+
+    queue = make_queue()
+    waiting, running, done = (queue.publish("noop", [n], identifier=f"c{n}") for n in range(3))
+    with queue.database.transaction() as conn:
+        attempt = queue.procs.claim(conn, done, "general", 1, 1000, None).attempt
+    with queue.database.transaction() as conn:
+        queue.procs.finish(conn, done, attempt, 3, None, None, 1, None)
+    with queue.database.transaction() as conn:
+        queue.procs.claim(conn, running, "general", 1, 1000, None)
+    client = TestClient(app(queue, no_auth=True), headers={"Referer": "http://testserver/failures"})
+    form = {"state": "1,2,3", "queue": "general", "confirm": "yes", "reason": "shop closed"}
+    page = client.post("/actions/cancel", data=form).text
+    assert "2 job(s) changed, 1 left alone, 0 skipped." in page
+    cancelled = page.split('id="outcome-cancelled"')[1].split("</p>")[0]
+    aborting = page.split('id="outcome-abort_requested"')[1].split("</p>")[0]
+    left = page.split('id="outcome-finished"')[1].split("</p>")[0]
+    assert f"#{waiting}<" in cancelled and f"#{running}<" not in cancelled
+    assert f"#{running}<" in aborting and "asked to abort (running)" in aborting
+    assert f"#{done}<" in left
+    rows = {r["id"]: r for r in installed.sql("SELECT id, state, abort_requested_at FROM {t}")}
+    assert [rows[j]["state"] for j in (waiting, running, done)] == [7, 2, 3]
+    assert rows[running]["abort_requested_at"] is not None and rows[done]["abort_requested_at"] is None
