@@ -283,6 +283,13 @@ def test_pause_and_resume_need_a_confirmation_a_reason_and_the_admin_role(make_q
     assert "was paused already" in again
     assert "group east resumed." in client.post("/control/resume", data=form, auth=("ada", "a")).text
     assert queue.paused() == []
+    whole = {**form, "kind": "queue", "name": "general"}
+    assert "queue general paused." in client.post("/control/pause", data=whole, auth=("ada", "a")).text
+    assert [(p.kind, p.name) for p in queue.paused()] == [("queue", "general")]
+    queue.publish("noop", [1])
+    assert queue.process().outcomes.get("claimed", 0) == 0  # the paused queue starts nothing
+    assert "queue general resumed." in client.post("/control/resume", data=whole, auth=("ada", "a")).text
+    assert queue.process().outcomes == {"claimed": 1}
 
 
 def test_the_schedules_page_lists_each_schedule_with_its_last_job(make_queue, installed):
