@@ -247,7 +247,7 @@ class Reads:
         where = f"serial_group = %s AND state IN ({pending})" if self.postgres else "pending_group = %s"
         rows = self._rows(
             conn,
-            f"SELECT id, state, priority, callback_name, created_at, last_attempt_at, postponed_by,"
+            f"SELECT id, queue, state, priority, callback_name, created_at, last_attempt_at, postponed_by,"
             f" processed_by_broker, LEFT(error_message, 200) AS error_message FROM {self.table}"
             f" WHERE {where} ORDER BY priority, id LIMIT 1",
             (group,),

@@ -59,6 +59,8 @@ def main() -> None:
             "jobs": "/jobs",
             "groups": "/groups",
             "failures": "/failures",
+            "workers": "/workers",
+            "schedules": "/schedules",
         }
         for name, url in shots.items():
             page.goto(url)

@@ -1,4 +1,4 @@
-"""The console's pages and actions (Starlette): overview, jobs, a job, serial groups, failures."""
+"""The console's pages and actions (Starlette): overview, jobs, groups, failures, workers, schedules."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from ..errors import ConfigError, JobNotFoundError, JobStateError
-from ..model import JobState
+from ..model import Cancelled, JobState, Pause, WorkerRow
 from ..queue import Queue
 from ..reads import JobFilter, Reads
 from .auth import ADMIN, Credentials, Gate
@@ -59,7 +59,25 @@ ACTIONS: dict[str, Action] = {
         "skips the rest of its postponement or backoff (READY and TEMPORARILY_FAILED jobs only)",
         lambda q, job_id, reason: q.run_now(job_id, reason),
     ),
+    "cancel": Action(
+        "cancel",
+        "Cancel",
+        "becomes REDUNDANT with the reason if it has not started (its group moves on); a running one"
+        " is asked to abort; a finished or permanently failed one is left alone",
+        lambda q, job_id, reason: q.cancel(job_id, reason),
+    ),
 }
+
+#: What an action's result says happened to a job (queue.cancel's outcomes; any other: changed).
+OUTCOMES = {
+    "changed": "changed",
+    "cancelled": "cancelled (REDUNDANT now)",
+    "abort_requested": "asked to abort (running)",
+    "finished": "left alone (finished already)",
+}
+
+#: Pause and resume of a queue or a serial group (queue.pause / queue.resume), admin only.
+CONTROLS = {"pause": "Pause", "resume": "Resume"}
 
 
 def app(queue: Queue, *, credentials: Credentials | None = None, no_auth: bool = False) -> Starlette:
@@ -85,15 +103,38 @@ def app(queue: Queue, *, credentials: Credentials | None = None, no_auth: bool =
         Route("/jobs", console.jobs),
         Route("/jobs/{job_id:int}", console.job),
         Route("/groups", console.groups),
+        Route("/workers", console.workers),
+        Route("/schedules", console.schedules),
+        Route("/confirm-control", console.confirm_control),
+        Route("/control/{op}", console.control, methods=["POST"]),
         Route("/failures", console.failures),
         Route("/confirm", console.confirm),
         Route("/actions/{name}", console.act, methods=["POST"]),
         Route("/events", console.events),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
+    metrics = _metrics_route(queue)
+    if metrics is not None:  # behind the same Gate as the pages (a scraper sends credentials)
+        routes.append(metrics)
     starlette = Starlette(routes=routes)
     starlette.add_middleware(Gate, credentials=gate_credentials)
     return starlette
+
+
+def _metrics_route(queue: Queue) -> Route | None:
+    """GET /metrics: bgq.metrics' exposition of `queue` (read at each scrape), or None without
+    prometheus-client (the metrics extra)."""
+    from .. import metrics
+
+    try:
+        metrics._client()
+    except ConfigError:
+        return None
+
+    def scrape(request: Request) -> Response:  # (sync: Starlette runs it on its thread pool)
+        return Response(metrics.render(queue), media_type=metrics.CONTENT_TYPE)
+
+    return Route("/metrics", scrape)
 
 
 def _int(value: str | None) -> int | None:
@@ -167,8 +208,26 @@ def stamp(value: dt.datetime | None) -> str:
     return "-" if utc is None else utc.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def blocker(view: Any, now: dt.datetime) -> str:
+def paused_by(pauses: list[Pause], kind: str, name: str | None) -> Pause | None:
+    """The pause that holds `name` (a group, or a queue: itself or a queue it is a sub-queue of,
+    'mail' of 'mail_bulk', as the claims' not_paused rule)."""
+    if name is None:
+        return None
+    for p in pauses:
+        if p.kind == kind and (p.name == name or (kind == "queue" and name.startswith(p.name + "_"))):
+            return p
+    return None
+
+
+def blocker(view: Any, now: dt.datetime, pauses: list[Pause] | None = None) -> str:
     """What keeps a serial group's head from running, in words."""
+    for kind, name in (("group", view.name), ("queue", (view.head or {}).get("queue"))):
+        pause = paused_by(pauses or [], kind, name)
+        if pause is not None:
+            return (
+                f"paused {kind} {pause.name} since {stamp(pause.paused_at)}"
+                f" by {pause.paused_by or '-'}: {pause.reason or '-'}"
+            )
     if view.running is not None:
         return f"running job #{view.running['id']} for {age(view.running['last_attempt_at'], now)}"
     head = view.head
@@ -244,6 +303,8 @@ class Console:
             counts = self.reads.counts(conn)
             oldest = self.reads.oldest_due(conn, now)
             minutes = self.reads.last_hour(conn, now)
+        workers = self.queue.workers()
+        alive = sum(1 for w in workers if self._alive(w, now))
         states = sorted({int(r["state"]) for r in counts})
         by_queue: dict[str, dict[int, int]] = {}
         for r in counts:
@@ -256,7 +317,16 @@ class Console:
             "oldest": oldest,
             "oldest_age": age(oldest["created_at"], now) if oldest else None,
             "chart": chart(minutes),
+            "workers_alive": alive,
+            "workers_dead": len(workers) - alive,
+            "paused": self.queue.paused(),
         }
+
+    def _alive(self, worker: WorkerRow, now: dt.datetime) -> bool:
+        """A worker heartbeating within worker_dead_after (0: the reaper never judges: alive)."""
+        dead_after = self.queue.config.worker_dead_after
+        beat = _utc(worker.last_heartbeat_at)
+        return not dead_after or beat is None or (now - beat).total_seconds() <= dead_after
 
     def overview(self, request: Request) -> Response:
         return self.render(request, "overview.html", **self._overview())
@@ -289,8 +359,11 @@ class Console:
                 request, "message.html", 404, title="No such job", message=f"No job #{job_id}."
             )
         now = dt.datetime.now(dt.UTC)
+        worker_id = row.get("worker_id")
+        worker = next((w for w in self.queue.workers() if w.id == worker_id), None) if worker_id else None
         return self.render(
             request, "job.html", job=row, parameters=pretty_parameters(row), due=due_at(row),
+            worker_id=worker_id, worker=worker, worker_alive=worker is not None and self._alive(worker, now),
             json_text=lambda v: "-" if v is None else json.dumps(
                 json.loads(v) if isinstance(v, str) else v, indent=2),
             age=lambda v: age(v, now),
@@ -311,12 +384,75 @@ class Console:
             views = self.reads.groups(conn, after, name, PAGE + 1)
         more, views = len(views) > PAGE, views[:PAGE]
         now = dt.datetime.now(dt.UTC)
+        pauses = self.queue.paused()
         rows = [
-            {"view": v, "blocker": blocker(v, now), "oldest_age": age(v.oldest_created_at, now)}
+            {"view": v, "blocker": blocker(v, now, pauses), "oldest_age": age(v.oldest_created_at, now),
+             "paused": paused_by(pauses, "group", v.name) is not None}
             for v in views
-        ]
+        ]  # fmt: skip
         next_url = f"?{urlencode({'after': views[-1].name})}" if more and views else None
-        return self.render(request, "groups.html", rows=rows, next_url=next_url, name=name or "")
+        return self.render(
+            request, "groups.html", rows=rows, next_url=next_url, name=name or "",
+            paused_groups=[p for p in pauses if p.kind == "group"],
+        )  # fmt: skip
+
+    # --- workers and schedules (read-only) ---
+
+    def workers(self, request: Request) -> Response:
+        now = dt.datetime.now(dt.UTC)
+        rows = [
+            {"w": w, "alive": self._alive(w, now), "beat_age": age(w.last_heartbeat_at, now),
+             "up": age(w.started_at, now)}
+            for w in self.queue.workers()
+        ]  # fmt: skip
+        return self.render(request, "workers.html", rows=rows, dead_after=self.queue.config.worker_dead_after)
+
+    def schedules(self, request: Request) -> Response:
+        rows = self.queue.schedules()
+        return self.render(request, "schedules.html", rows=rows)
+
+    # --- pause and resume of a queue or a group: confirm (GET), then control (POST) ---
+
+    def _control_target(self, params: Any) -> tuple[str | None, str | None, str]:
+        op = params.get("op") if params.get("op") in CONTROLS else None
+        kind = params.get("kind") if params.get("kind") in ("queue", "group") else None
+        return op, kind, (params.get("name") or "").strip()
+
+    def confirm_control(self, request: Request) -> Response:
+        op, kind, name = self._control_target(request.query_params)
+        if op is None or kind is None or not name:
+            return self.render(request, "message.html", 400, title="Not understood",
+                               message="Pause or resume needs kind (queue or group) and name.")  # fmt: skip
+        return self.render(request, "confirm_control.html", op=op, label=CONTROLS[op], kind=kind, name=name)
+
+    async def control(self, request: Request) -> Response:
+        """Pause or resume a queue or a group (queue.pause / queue.resume, each one procedure). The
+        pause stores the reason and the console user; a resume (which deletes the pause) is logged
+        with both."""
+        form = dict(parse_qsl((await request.body()).decode("utf-8", "replace"), keep_blank_values=True))
+        op, kind, name = self._control_target({**form, "op": request.path_params["op"]})
+        why = form.get("reason", "").strip()
+        if op is None or kind is None or not name or form.get("confirm") != "yes" or not why:
+            return self.render(request, "message.html", 400, title="Not done",
+                               message="Confirm, name the queue or group and give a reason.")  # fmt: skip
+        user = request.scope["state"]["user"]
+        target = {"group": name} if kind == "group" else {"queue": name}
+
+        def run() -> bool:
+            if op == "pause":
+                return self.queue.pause(why, by=f"{user} via bgq web", **target)
+            self.queue.config.logger.info(f"bgq: {kind} {name} resumed by {user} via bgq web: {why}")
+            return self.queue.resume(**target)
+
+        try:
+            changed = await anyio.to_thread.run_sync(run)
+        except ConfigError as exc:
+            return self.render(request, "message.html", 400, title="Not done", message=str(exc))
+        verb = "paused" if op == "pause" else "resumed"
+        message = (
+            f"{kind} {name} {verb}." if changed else f"{kind} {name} was {verb} already: nothing changed."
+        )
+        return self.render(request, "message.html", title=CONTROLS[op], message=message, result_id="result")
 
     # --- actions: confirm (GET), then act (POST) ---
 
@@ -392,8 +528,8 @@ class Console:
                                   message="Confirm the action and give a reason.")  # fmt: skip
         reason = f"{why} (by {request.scope['state']['user']} via bgq web)"
 
-        def run() -> tuple[list[int], list[str]]:
-            done: list[int] = []
+        def run() -> tuple[dict[str, list[int]], list[str]]:
+            done: dict[str, list[int]] = {}
             skipped: list[str] = []
             if job_id is not None:
                 ids = [job_id]
@@ -410,11 +546,18 @@ class Console:
                     after = page[-1]["id"]
             for one in ids:
                 try:
-                    action.run(self.queue, one, reason)
-                    done.append(one)
+                    result = action.run(self.queue, one, reason)
+                    outcome = result.outcome if isinstance(result, Cancelled) else "changed"
+                    done.setdefault(outcome, []).append(one)
                 except (JobNotFoundError, JobStateError) as exc:
                     skipped.append(f"#{one}: {exc}")
             return done, skipped
 
-        done, skipped = await anyio.to_thread.run_sync(run)
-        return self.render(request, "done.html", action=action, done=done, skipped=skipped, reason=reason)
+        outcomes, skipped = await anyio.to_thread.run_sync(run)
+        left = outcomes.get("finished", [])  # cancel left a finished job alone: not changed
+        done = [i for outcome, ids in outcomes.items() if outcome != "finished" for i in ids]
+        return self.render(
+            request, "done.html", action=action, done=done, skipped=skipped, reason=reason,
+            outcomes={o: outcomes[o] for o in OUTCOMES if o in outcomes}, outcome_names=OUTCOMES,
+            left=left,
+        )  # fmt: skip

@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import PermanentErrorException
 from ..install import uninstall
 from ..queue import Queue
+from ..workers import version
 
 DEMO_TABLE = "bgq_console_demo"
 DEMO_QUEUE = "shop"
@@ -66,7 +67,8 @@ def demo_queue(database_url: str | None) -> Queue:
 def seed(queue: Queue, seed_value: int = 7) -> None:
     """Install the demo table afresh, publish a mixed workload, run part of it, and leave the rest: finished,
     failed (temporarily and for good), postponed, serial groups with a backlog (one group named
-    `<script>alert(1)</script>`: the console shows it as text) and pickled parameters."""
+    `<script>alert(1)</script>`: the console shows it as text, one paused), pickled parameters,
+    two registered workers and two schedules."""
     rnd = random.Random(seed_value)
     uninstall(queue.database, queue.config.table_name)  # the demo owns its table: a fresh install
     queue.install()
@@ -85,9 +87,17 @@ def seed(queue: Queue, seed_value: int = 7) -> None:
             )
             assert job_id is not None  # publish outside a bulk returns the id
             heads.setdefault(warehouse, job_id)
-    # A worker is inside warehouse-east's head; warehouse-west's head failed and waits for its backoff.
+    # Two registered workers (the workers page; dead once worker_dead_after passes without a
+    # heartbeat), one inside warehouse-east's head; warehouse-west's head failed and waits for its backoff.
     with queue.database.transaction() as conn:
-        queue.procs.claim(conn, heads["warehouse-east"], DEMO_QUEUE, 4242, 1000, '{"host": "worker-1"}')
+        worker = queue.procs.worker_register(conn, "worker-1", 4242, "work", DEMO_QUEUE, version())
+        queue.procs.worker_register(conn, "worker-2", 4250, "consume", DEMO_QUEUE, version())
+    with queue.database.transaction() as conn:
+        queue.procs.claim(
+            conn, heads["warehouse-east"], DEMO_QUEUE, 4242, 1000, '{"host": "worker-1"}', worker_id=worker
+        )
+    with queue.database.transaction() as conn:
+        queue.procs.worker_heartbeat(conn, worker, heads["warehouse-east"], 57)
     with queue.database.transaction() as conn:
         claimed = queue.procs.claim(conn, heads["warehouse-west"], DEMO_QUEUE, 4243, 1000, None)
     assert claimed.attempt is not None  # its group was idle: the claim succeeded
@@ -100,3 +110,9 @@ def seed(queue: Queue, seed_value: int = 7) -> None:
     queue.publish("send_mail", {"to": "later@example.com"}, postpone_by=dt.timedelta(hours=2))
     for n in range(5):
         queue.publish("send_mail", {"to": f"new{n}@example.com"}, priority=2)
+    for sku in range(3):  # a paused group: nothing of it starts until someone resumes it
+        queue.publish("sync_stock", [f"SKU-{sku:04d}"], serial_group="warehouse-north", priority=2)
+    queue.pause("the north warehouse is moving", group="warehouse-north", by="ada")
+    queue.schedule("nightly-report", "30 2 * * *", "render_report", [[]], timezone="Europe/Prague")
+    queue.schedule("stock-sync", "*/15 * * * *", "sync_stock", ["ALL"], serial_group="warehouse-east")
+    queue.fire_schedules()  # stores them (a running worker would)

@@ -87,11 +87,11 @@ BEGIN
             priority,
             state,
             queue,
+            serial_group,
             created_at,
             last_attempt_at,
             postponed_by,
-            processed_by_broker,
-            serial_group
+            processed_by_broker
         FROM {{ table }}
         WHERE pending_group = p_group
         ORDER BY priority, id

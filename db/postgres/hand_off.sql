@@ -90,8 +90,8 @@ BEGIN
     -- The group's head, if it is claimable here (one index dive).
     SELECT h.id INTO v_head
     FROM (
-        SELECT g.id, g.priority, g.state, g.queue, g.created_at, g.last_attempt_at, g.postponed_by,
-            g.processed_by_broker, g.serial_group
+        SELECT g.id, g.priority, g.state, g.queue, g.serial_group, g.created_at, g.last_attempt_at,
+            g.postponed_by, g.processed_by_broker
         FROM {{ table }} AS g
         WHERE g.serial_group = p_group AND g.state IN (-1, 1, 4, 6, 8)
         ORDER BY g.priority, g.id

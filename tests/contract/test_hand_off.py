@@ -87,6 +87,22 @@ def test_without_results_only_that_groups_head_is_claimed(installed):
     assert states(installed, other_head, loner) == [1, 1]
 
 
+@pytest.mark.parametrize("kind", ["group", "queue"])
+def test_a_paused_group_or_queue_is_not_handed_on_until_resumed(installed, kind):
+    a = new_job(installed, group="g")
+    b = new_job(installed, group="g")
+    attempt = claimed(installed, a, now=T0)
+    name = "g" if kind == "group" else QUEUE
+    with installed.db.transaction() as conn:
+        assert procs(installed).pause(conn, kind, name, "maintenance", "ada")
+    written, got = hand_off(installed, "g", [JobResult(a, attempt, 3, execution_time=5)], now=at(1))
+    assert (written[a], ids(got)) == (True, [])  # the result is written; the paused head stays
+    assert states(installed, a, b) == [3, 1]
+    with installed.db.transaction() as conn:
+        assert procs(installed).resume(conn, kind, name)
+    assert ids(hand_off(installed, "g", now=at(2))[1]) == [b]
+
+
 @pytest.mark.parametrize(
     "case", ["not-due", "other-queue", "below-min-priority", "back-to-broker", "unknown"]
 )

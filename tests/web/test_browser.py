@@ -157,3 +157,92 @@ def test_a_post_without_the_same_origin_header_is_refused(pages, console, instal
     )
     assert forged.status == 403
     assert state_of(installed, job) == 5
+
+
+def test_bulk_cancel_by_filter_makes_only_the_matching_jobs_redundant_and_frees_their_group(
+    pages, console, installed
+):
+    (broken,) = _failed_for_good(console, "charge")  # PERMANENTLY_FAILED: cancel leaves it alone
+    hour = 3_600_000
+    head = console.queue.publish("charge", [1], serial_group="east", postpone_by=hour)  # blocks east
+    behind = console.queue.publish("mail", {"n": 1}, serial_group="east")
+    loose = console.queue.publish("charge", [2], postpone_by=hour)
+    other = console.queue.publish("sync", [3], postpone_by=hour)  # READY too, another callback
+    console.queue.process()
+    assert state_of(installed, behind) == 1  # waits behind its postponed head
+    page = pages(ADMIN)
+    page.goto("/failures?state=1,5&callback=charge")
+    expect(page.locator("#jobs tr[data-id]")).to_have_count(3)
+    page.click("#bulk-cancel")
+    expect(page.locator("#count")).to_have_text("3")
+    page.fill("#reason", "the customer left")
+    page.click("#confirm")
+    expect(page.locator("#result")).to_have_text("2 job(s) changed, 1 left alone, 0 skipped.")
+    expect(page.locator("#outcome-cancelled")).to_contain_text(f"#{head}")
+    expect(page.locator("#outcome-cancelled")).to_contain_text(f"#{loose}")
+    expect(page.locator("#outcome-finished")).to_have_text(f"left alone (finished already): #{broken}")
+    assert [state_of(installed, j) for j in (head, loose, broken, other, behind)] == [7, 7, 5, 1, 1]
+    reason = "Cancelled: the customer left (by ada via bgq web)"
+    assert console.queue.get_job(head)["error_message"] == reason
+    page.goto(f"/jobs/{loose}")
+    expect(page.locator("#error")).to_have_text(reason)
+    console.queue.process()  # the group moved on: the job behind the cancelled head runs
+    assert state_of(installed, behind) == 3
+    assert state_of(installed, other) == 1
+
+
+def test_pause_a_group_from_the_console_holds_it_until_resumed(pages, console, installed):
+    page = pages(ADMIN)
+    page.goto("/groups")
+    page.fill("#pause-name", "east")
+    page.click("#pause-group")
+    page.fill("#reason", "the east warehouse moves")
+    page.click("#confirm")
+    expect(page.locator("#result")).to_have_text("group east paused.")
+    (pause,) = console.queue.paused()
+    assert (pause.kind, pause.name, pause.reason, pause.paused_by) == (
+        "group", "east", "the east warehouse moves", "ada via bgq web",
+    )  # fmt: skip
+    east = console.queue.publish("sync", [1], serial_group="east")
+    west = console.queue.publish("sync", [2], serial_group="west")
+    console.queue.process()
+    assert (state_of(installed, east), state_of(installed, west)) == (1, 3)
+    page.goto("/groups")
+    row = page.locator("#groups tr", has_text="east")
+    expect(row).to_contain_text("paused group east")
+    expect(row).to_contain_text("by ada via bgq web: the east warehouse moves")
+    page.goto("/")
+    expect(page.locator("#paused")).to_contain_text("group east")
+    page.goto("/groups")
+    row.locator("button.resume-group").click()
+    page.fill("#reason", "the move is done")
+    page.click("#confirm")
+    expect(page.locator("#result")).to_have_text("group east resumed.")
+    assert console.queue.paused() == []
+    console.queue.process()
+    assert state_of(installed, east) == 3
+
+
+def test_the_workers_page_the_overview_and_a_job_name_the_worker(pages, console, installed):
+    from bgq.model import WorkerMode
+    from bgq.workers import Registry
+
+    page = pages(ADMIN)
+    with Registry(console.queue, WorkerMode.WORK, "general") as registry:
+        job = console.queue.publish("mail", {"to": "a@example.com"})
+        console.queue.process()
+        page.goto("/")
+        expect(page.locator("#alive")).to_have_text("1")
+        page.goto("/workers")
+        row = page.locator(f"#worker-{registry.id}")
+        expect(row).to_contain_text("work")
+        expect(row).to_contain_text("alive")
+        page.goto(f"/jobs/{job}")
+        expect(page.locator("#worker")).to_contain_text(f"#{registry.id} work on ")
+        worker_id = registry.id
+    page.goto("/workers")
+    expect(page.locator("#workers tr[data-id]")).to_have_count(0)
+    page.goto(f"/jobs/{job}")
+    expect(page.locator("#worker")).to_have_text(f"#{worker_id} (no longer registered)")
+    page.goto("/")
+    expect(page.locator("#alive")).to_have_text("0")

@@ -12,7 +12,7 @@ from bgq.cli import app as cli_app
 from bgq.errors import ConfigError
 from bgq.reads import JobFilter, Reads
 from bgq.web import Credentials, app
-from bgq.web.app import blocker
+from bgq.web.app import blocker, stamp
 
 _NO_CREDENTIALS = {
     "BGQ_WEB_USER": "",
@@ -208,3 +208,147 @@ def test_a_job_page_shows_json_indented_and_pickled_parameters_unopened(make_que
     page = client.get(f"/jobs/{pickled}").text
     assert "(pickled, " in page and "not unpickled" in page
     assert "a set, not JSON" not in page
+
+
+def test_metrics_is_served_behind_the_consoles_auth_and_counts_the_table(make_queue, installed):
+    from prometheus_client.parser import text_string_to_metric_families
+    from starlette.testclient import TestClient
+
+    from bgq.model import JobState
+
+    queue = make_queue(callbacks={"noop": lambda *a, **k: None})
+    for n in range(3):
+        queue.publish("noop", [n])
+    queue.publish("noop", [9], postpone_by=3_600_000)
+    queue.process()
+    client = TestClient(app(queue, credentials=Credentials(readers={"rick": "r"})))
+    assert client.get("/metrics").status_code == 401
+    response = client.get("/metrics", auth=("rick", "r"))
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+    got = {s.labels["state"]: s.value for s in families["bgq_jobs"].samples if s.labels["queue"] == "general"}
+    rows = installed.sql("SELECT state, COUNT(*) AS n FROM {t} GROUP BY state")
+    table = {JobState(int(r["state"])).name.lower(): int(r["n"]) for r in rows}
+    assert table == {"finished": 3, "ready": 1}
+    assert {state: int(n) for state, n in got.items() if n} == table
+    assert set(got) == {s.name.lower() for s in JobState}
+
+
+def test_a_paused_queue_or_group_is_named_first_as_the_blocker(make_queue, installed):
+    from starlette.testclient import TestClient
+
+    queue = make_queue()
+    queue.publish("noop", [1], serial_group="east")
+    queue.publish("noop", [2], serial_group="west")
+    sub = make_queue(queue="general_bulk")
+    sub.publish("noop", [3], serial_group="north")
+    queue.pause("inventory", group="east", by="ada")
+    queue.pause("migration", queue="general", by="bob")  # its sub-queue general_bulk with it
+    client = TestClient(app(queue, no_auth=True))
+    page = client.get("/groups").text
+    rows = {name: page.split(f">{name}</a>")[1].split("</tr>")[0] for name in ("east", "west", "north")}
+    assert "paused group east" in rows["east"] and "by ada: inventory" in rows["east"]
+    assert "paused queue general" in rows["west"] and "by bob: migration" in rows["west"]
+    assert "paused queue general" in rows["north"]
+    assert 'data-paused="queue:general"' in client.get("/").text
+    queue.resume(queue="general")
+    rows_after = client.get("/groups").text
+    assert "paused queue" not in rows_after and "paused group east" in rows_after
+    assert "nothing: the head is due" in rows_after
+
+
+def test_pause_and_resume_need_a_confirmation_a_reason_and_the_admin_role(make_queue, installed):
+    from starlette.testclient import TestClient
+
+    queue = make_queue()
+    client = TestClient(
+        app(queue, credentials=Credentials(admins={"ada": "a"}, readers={"rick": "r"})),
+        headers={"Referer": "http://testserver/groups"},
+    )
+    form = {"kind": "group", "name": "east", "confirm": "yes", "reason": "move"}
+    assert client.post("/control/pause", data=form, auth=("rick", "r")).status_code == 403
+    assert client.post("/control/pause", data={**form, "confirm": ""}, auth=("ada", "a")).status_code == 400
+    assert client.post("/control/pause", data={**form, "reason": " "}, auth=("ada", "a")).status_code == 400
+    assert client.post("/control/pause", data={**form, "kind": "job"}, auth=("ada", "a")).status_code == 400
+    assert queue.paused() == []
+    confirm = client.get("/confirm-control?op=pause&kind=queue&name=general", auth=("ada", "a")).text
+    assert 'action="/control/pause"' in confirm and "nor of its sub-queues" in confirm
+    done = client.post("/control/pause", data=form, auth=("ada", "a"))
+    assert done.status_code == 200 and "group east paused." in done.text
+    assert [(p.kind, p.name, p.reason, p.paused_by) for p in queue.paused()] == [
+        ("group", "east", "move", "ada via bgq web")
+    ]
+    again = client.post("/control/pause", data=form, auth=("ada", "a")).text
+    assert "was paused already" in again
+    assert "group east resumed." in client.post("/control/resume", data=form, auth=("ada", "a")).text
+    assert queue.paused() == []
+    whole = {**form, "kind": "queue", "name": "general"}
+    assert "queue general paused." in client.post("/control/pause", data=whole, auth=("ada", "a")).text
+    assert [(p.kind, p.name) for p in queue.paused()] == [("queue", "general")]
+    queue.publish("noop", [1])
+    assert queue.process().outcomes.get("claimed", 0) == 0  # the paused queue starts nothing
+    assert "queue general resumed." in client.post("/control/resume", data=whole, auth=("ada", "a")).text
+    assert queue.process().outcomes == {"claimed": 1}
+
+
+def test_the_schedules_page_lists_each_schedule_with_its_last_job(make_queue, installed):
+    from starlette.testclient import TestClient
+
+    queue = make_queue()
+    queue.schedule("nightly", "30 2 * * *", "noop", timezone="Europe/Prague")
+    queue.fire_schedules()
+    client = TestClient(app(queue, no_auth=True))
+    page = client.get("/schedules").text
+    row = page.split('data-name="nightly"')[1].split("</tr>")[0]
+    assert "<code>30 2 * * *</code>" in row and "Europe/Prague" in row and "noop" in row
+    (stored,) = queue.schedules()
+    assert stored.next_fire_at is not None and stamp(stored.next_fire_at) in row
+    assert "<td>yes</td>" in row
+
+
+def test_a_worker_silent_longer_than_worker_dead_after_shows_dead(make_queue, installed):
+    from starlette.testclient import TestClient
+
+    from bgq.model import WorkerMode
+    from bgq.workers import Registry
+
+    queue = make_queue(worker_heartbeat_interval=60, worker_dead_after=200)  # no beat during the test
+    client = TestClient(app(queue, no_auth=True))
+    with Registry(queue, WorkerMode.CONSUME, "general") as registry:
+        row = client.get("/workers").text.split(f'id="worker-{registry.id}"')[1].split("</tr>")[0]
+        assert ">alive<" in row and ">consume<" in row
+        installed.sql(
+            "UPDATE {t}_worker SET last_heartbeat_at = %s WHERE id = %s",
+            (dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(minutes=5), registry.id),
+        )
+        row = client.get("/workers").text.split(f'id="worker-{registry.id}"')[1].split("</tr>")[0]
+        assert ">dead<" in row
+        overview = client.get("/").text
+        assert '<span id="alive">0</span>' in overview and "(1 dead, not reaped yet)" in overview
+
+
+def test_cancel_reports_each_outcome_a_running_job_is_asked_to_abort(make_queue, installed):
+    from starlette.testclient import TestClient
+
+    queue = make_queue()
+    waiting, running, done = (queue.publish("noop", [n], identifier=f"c{n}") for n in range(3))
+    with queue.database.transaction() as conn:
+        attempt = queue.procs.claim(conn, done, "general", 1, 1000, None).attempt
+    with queue.database.transaction() as conn:
+        queue.procs.finish(conn, done, attempt, 3, None, None, 1, None)
+    with queue.database.transaction() as conn:
+        queue.procs.claim(conn, running, "general", 1, 1000, None)
+    client = TestClient(app(queue, no_auth=True), headers={"Referer": "http://testserver/failures"})
+    form = {"state": "1,2,3", "queue": "general", "confirm": "yes", "reason": "shop closed"}
+    page = client.post("/actions/cancel", data=form).text
+    assert "2 job(s) changed, 1 left alone, 0 skipped." in page
+    cancelled = page.split('id="outcome-cancelled"')[1].split("</p>")[0]
+    aborting = page.split('id="outcome-abort_requested"')[1].split("</p>")[0]
+    left = page.split('id="outcome-finished"')[1].split("</p>")[0]
+    assert f"#{waiting}<" in cancelled and f"#{running}<" not in cancelled
+    assert f"#{running}<" in aborting and "asked to abort (running)" in aborting
+    assert f"#{done}<" in left
+    rows = {r["id"]: r for r in installed.sql("SELECT id, state, abort_requested_at FROM {t}")}
+    assert [rows[j]["state"] for j in (waiting, running, done)] == [7, 2, 3]
+    assert rows[running]["abort_requested_at"] is not None and rows[done]["abort_requested_at"] is None
