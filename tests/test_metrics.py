@@ -185,6 +185,7 @@ def test_bgq_metrics_serves_the_table_and_bgq_work_c2_adds_its_workers_counters(
 def test_asgi_app_answers_metrics_for_the_web_console(make_queue, installed):
     """bgq.metrics.asgi_app(queue), called as an ASGI server would call it."""
     import asyncio
+    import concurrent.futures
 
     queue = make_queue()
     queue.publish("noop")
@@ -198,7 +199,9 @@ def test_asgi_app_answers_metrics_for_the_web_console(make_queue, installed):
         sent.append(message)
 
     scope = {"type": "http", "method": "GET", "path": "/metrics", "query_string": b"", "headers": []}
-    asyncio.run(app(scope, receive, send))
+    # On a thread of its own: an event loop may run on this one (the browser tests' Playwright).
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, app(scope, receive, send)).result(timeout=30)
     assert sent[0]["status"] == 200
     body = b"".join(m.get("body", b"") for m in sent[1:])
     assert _value(_samples(body)["bgq_jobs"], "bgq_jobs", queue="general", state="ready") == 1
