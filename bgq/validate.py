@@ -50,7 +50,12 @@ def new_job(
             f"Priority {priority!r} for callback {callback_name} is a {type(priority).__name__}: "
             f"priorities are integers ({','.join(map(str, cfg.priorities))})."
         )
-    if isinstance(priority, bool) or priority not in cfg.priorities:
+    if isinstance(priority, bool):
+        raise PriorityError(
+            f"Priority {priority!r} for callback {callback_name} is a bool: priorities are integers "
+            f"({','.join(map(str, cfg.priorities))})."
+        )
+    if priority not in cfg.priorities:
         raise PriorityError(
             f"Priority {priority} for callback {callback_name} is not in available priorities: "
             f"{','.join(map(str, cfg.priorities))}"

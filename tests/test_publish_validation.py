@@ -109,7 +109,7 @@ BAD_PUBLISHES = [
         ("noop",),
         {"priority": True},
         PriorityError,
-        "Priority True for callback noop is not in available priorities: 1,2",
+        "Priority True for callback noop is a bool: priorities are integers (1,2).",
         id="checklist_05_priority_bool",
     ),
     pytest.param(
