@@ -123,11 +123,8 @@ def test_a_sigkilled_bgq_work_s_job_is_reaped_within_the_worker_bound(installed,
     """Two `bgq work` processes; the one running a grouped job is SIGKILLed mid-job: the other
     reaps the job within worker_dead_after + REAP_SLACK of the victim's last heartbeat (with
     stalled_job_timeout at an hour, so only the dead-worker reap can do it), the victim's row is
-    removed, and the group goes on.
-
-    NEEDS THE CLAIM TO STORE worker_id (p_worker_id, finish-path branch): on the workers-metrics
-    branch alone the claim leaves worker_id NULL and this test fails at its first assertion on
-    worker_id. It is meant to pass once both branches are merged; do not skip it.
+    removed, and the group goes on. The claim stores its worker's id (p_worker_id), which is what
+    the dead-worker reap reads.
     """
     runner = cli(stalled=3600)
     runner.env.update(BGQ_TEST_WORK_BEAT=str(BEAT), BGQ_TEST_WORK_DEAD_AFTER=str(DEAD))
@@ -141,7 +138,7 @@ def test_a_sigkilled_bgq_work_s_job_is_reaped_within_the_worker_bound(installed,
     victim = start["pid"]
     (worker,) = [r for r in _rows(installed) if r["pid"] == victim]
     (job,) = installed.sql("SELECT worker_id FROM {t} WHERE id = %s", (slow,))
-    assert job["worker_id"] == worker["id"], "the claim did not store its worker's id (finish-path)"
+    assert job["worker_id"] == worker["id"], "the claim did not store its worker's id"
     last_beat = worker["last_heartbeat_at"]  # the victim may beat once more (BEAT s) before the kill
     os.kill(victim, signal.SIGKILL)
     procs[victim].wait(10)
