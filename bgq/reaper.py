@@ -53,29 +53,25 @@ class Reaper:
         """Reap the queue's stalled jobs (and its sub-queues'), then the jobs of dead workers
         ({table}_worker_reap: their worker's heartbeat is older than worker_dead_after); the jobs
         reaped. `now`: the clock (None: the server's). Each pass is off when its option is 0."""
-        cfg, store = self.config, self.store
+        cfg, procs = self.config, self.store.procs
         backoff = cfg.stalled_job_backoff
         backoff_ms = None if backoff is None else backoff * 1000
+        passes = (  # (bound in s, the procedure, what the log says of each job it reaped)
+            (cfg.stalled_job_timeout, procs.reap, "Stalled job reaped"),
+            (cfg.worker_dead_after, procs.worker_reap, "Dead worker's job reaped"),
+        )
         reaped: list[Reaped] = []
-        if cfg.stalled_job_timeout:
-            with store.database.transaction() as conn:
-                reaped = store.procs.reap(
-                    conn, cfg.queue, cfg.stalled_job_timeout, self.limit, now, backoff_ms=backoff_ms
-                )
-            for job in reaped:
-                cfg.logger.critical(f"bgq: Stalled job reaped. (ID: {job.id}, PID {job.pid})")
+        for bound, reap, message in passes:
+            if not bound:
+                continue
+            with self.store.database.transaction() as conn:
+                jobs = reap(conn, cfg.queue, bound, self.limit, now, backoff_ms=backoff_ms)
+            for job in jobs:
+                cfg.logger.critical(f"bgq: {message}. (ID: {job.id}, PID {job.pid})")
                 self.sender.send_job(job.id)
-        dead: list[Reaped] = []
-        if cfg.worker_dead_after:
-            with store.database.transaction() as conn:
-                dead = store.procs.worker_reap(
-                    conn, cfg.queue, cfg.worker_dead_after, self.limit, now, backoff_ms=backoff_ms
-                )
-            for job in dead:
-                cfg.logger.critical(f"bgq: Dead worker's job reaped. (ID: {job.id}, PID {job.pid})")
-                self.sender.send_job(job.id)
-        metrics.record_reaped(cfg.queue, len(reaped) + len(dead))
-        return reaped + dead
+            reaped.extend(jobs)
+        metrics.record_reaped(cfg.queue, len(reaped))
+        return reaped
 
     def start(self) -> None:
         """Reap on a daemon thread of its own until stop(); a failed pass is logged and retried
