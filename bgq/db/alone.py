@@ -8,7 +8,8 @@ connection kept open between calls.
 The connections are bgq's own (opened through the engine, so they get its session settings, then
 detached from its pool), kept on a last-in-first-out list: a thread that publishes in a loop gets
 the same connection back each time, and a thread that ends leaves nothing behind. At most
-`in_use` are open at once, `idle` of them kept between calls; a forked child opens its own.
+`in_use` are open at once, `idle` of them kept between calls; a forked child forgets the
+parent's (os.register_at_fork) and opens its own.
 
 A lost connection is replaced only where it is certain the statement was not sent. Before each
 statement the kept connection is checked without a round trip (a killed session, a server
@@ -27,6 +28,7 @@ import os
 import select
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -69,11 +71,13 @@ class Alone:
     def __init__(self, database: Database, in_use: int, idle: int) -> None:
         self.database = database
         self.dialect = database.dialect
+        self.in_use = in_use
         self.idle = idle
         self._free: list[_Kept] = []  # idle connections, the most recently used last
         self._slots = threading.BoundedSemaphore(in_use)
-        self._pid = os.getpid()
         self._generation = 0  # close() bumps it: connections out at that moment close on return
+        me = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forked(me))
 
     def execute(self, sql: str, values: Sequence[Any]) -> tuple[list[tuple[Any, ...]], int | None]:
         """Run `sql` in a transaction of its own; return (its rows, the cursor's lastrowid).
@@ -113,14 +117,18 @@ class Alone:
         """Close the idle connections; those in use close when their statement is done."""
         self._generation += 1
         free, self._free = self._free, []
-        if self._pid == os.getpid():
-            for kept in free:
-                kept.close()
+        for kept in free:
+            kept.close()
+
+    def after_fork(self) -> None:
+        """In a forked child: forget the parent's connections (never close them: closing would
+        end the parent's sessions) and the parent's threads' slots."""
+        self._generation += 1
+        self._free = []
+        self._slots = threading.BoundedSemaphore(self.in_use)
 
     def _take(self) -> _Kept:
         """An idle connection that passes the checks, or a new one."""
-        if self._pid != os.getpid():  # forked: the parent's connections are the parent's
-            self._free, self._pid = [], os.getpid()
         while True:
             try:
                 kept = self._free.pop()
@@ -159,10 +167,16 @@ class Alone:
 
     def _give_back(self, kept: _Kept) -> None:
         kept.used = time.monotonic()
-        if kept.generation == self._generation and len(self._free) < self.idle and self._pid == os.getpid():
+        if kept.generation == self._generation and len(self._free) < self.idle:
             self._free.append(kept)
         else:
             kept.close()
+
+
+def _forked(alone: weakref.ref[Alone]) -> None:
+    found = alone()
+    if found is not None:
+        found.after_fork()
 
 
 def _outcome_unknown(exc: BaseException) -> BgqError:
