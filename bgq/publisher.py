@@ -140,7 +140,8 @@ class Publisher:
             await self._aio.aclose()
 
     def start_bulk(self) -> None:
-        """Buffer publish() calls; every `bulk_size` jobs go in one multi-row INSERT."""
+        """Buffer publish() calls; every `bulk_size` jobs go in one INSERT (PostgreSQL: of arrays;
+        MySQL: of a row of values per job), more only when their parameters exceed BULK_INSERT_BYTES."""
         if self.bulk_batch is None:
             self.bulk_batch = Bulk()
 
