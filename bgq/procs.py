@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -259,6 +260,13 @@ class Procs:
         self.db = db
         self.table = table
         self.clock = clock  # the option `clock`: when set, every p_now left None is its time
+        # The INSERTs of publish, built once: with the server's clock, or the option's.
+        self._returning = db.dialect.name == "postgres"
+        now = db.dialect.now_sql()
+        self._insert_sql = _insert_sql(table, now, self._returning)
+        self._insert_sql_clocked = _insert_sql(table, "%s", self._returning)
+        self._insert_many_sql = _insert_many_sql(table, now)
+        self._insert_many_sql_clocked = _insert_many_sql(table, "%s::timestamptz")
 
     def _call(self, conn: Connection, proc: Proc, *args: Any) -> list[dict[str, Any]]:
         if self.clock is not None:
@@ -401,53 +409,62 @@ class Procs:
 
     # --- plain statements ---
 
-    def _insert_now(self) -> tuple[str, tuple[Any, ...]]:
-        """The SQL of a new row's created_at / updated_at, and its parameters: the server's clock,
-        or the option `clock`'s time (the same value twice) when one is configured."""
-        if self.clock is None:
-            return self.db.dialect.now_sql(), ()
-        now = read_clock(self.clock)
-        return "%s", (now, now)
-
     def insert(self, conn: Connection, job: NewJob) -> int:
-        """Insert one READY job (created_at = updated_at = the clock) and return its id."""
+        """Insert one READY job (created_at = updated_at = the clock) in `conn`'s transaction and
+        return its id (the outbox: the application's own transaction)."""
         sql, values = self._insert_statement(job)
-        if self.db.dialect.name == "postgres":
-            new_id: int = conn.exec_driver_sql(sql + " RETURNING id", values).scalar_one()
+        if self._returning:
+            new_id: int = conn.exec_driver_sql(sql, values).scalar_one()
             return new_id
         return int(conn.exec_driver_sql(sql, values).lastrowid)
+
+    def insert_alone(self, job: NewJob) -> int:
+        """`insert` in a transaction of its own, in one round trip (Database.execute_alone)."""
+        sql, values = self._insert_statement(job)
+        rows, lastrowid = self.db.execute_alone(sql, values)
+        return int(rows[0][0] if self._returning else lastrowid)  # type: ignore[arg-type]
 
     async def insert_async(self, aconn: AsyncPostgres, job: NewJob) -> int:
         """`insert` on an asyncio connection (PostgreSQL: publish_async), in its own transaction."""
         sql, values = self._insert_statement(job)
-        return int(await aconn.fetch_value(sql + " RETURNING id", values))
+        return int(await aconn.fetch_value(sql, values))
 
     def _insert_statement(self, job: NewJob) -> tuple[str, tuple[Any, ...]]:
-        cols = ", ".join(_INSERT_COLUMNS)
-        marks = ", ".join(["%s"] * len(_INSERT_COLUMNS))
-        now, clocked = self._insert_now()
-        sql = f"INSERT INTO {self.table} ({cols}, created_at, updated_at) VALUES ({marks}, {now}, {now})"
-        return sql, _insert_values(job) + clocked
+        """The one-row INSERT (built once per clock kind: the server's, or the option `clock`'s
+        time passed twice) and its values."""
+        values = _insert_values(job)
+        if self.clock is None:
+            return self._insert_sql, values
+        now = read_clock(self.clock)
+        return self._insert_sql_clocked, (*values, now, now)
 
     def insert_many(self, conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
-        """Insert READY jobs with one multi-row INSERT; return their ids in the order of `jobs`.
+        """Insert READY jobs with one INSERT; return their ids in the order of `jobs`.
 
-        PostgreSQL: the identity values of one INSERT ascend in row order, so the sorted RETURNING
-        ids map to the rows by position. MySQL: InnoDB gives one INSERT ... VALUES consecutive ids
-        (stepping by auto_increment_increment) under innodb_autoinc_lock_mode 0 or 1; under 2
-        (interleaved) that is not documented, so each row is inserted on its own.
+        PostgreSQL: INSERT ... SELECT FROM unnest(one array per column) WITH ORDINALITY, ordered by
+        it: one statement of 13 parameters whatever the number of jobs. The identity values of one
+        INSERT ascend in the order its SELECT yields the rows (each row's nextval is taken as the
+        row reaches the INSERT; a concurrent INSERT may take values in between, never reorder
+        them), so the sorted RETURNING ids map to `jobs` by position. MySQL: InnoDB gives one
+        INSERT ... VALUES consecutive ids (stepping by auto_increment_increment) under
+        innodb_autoinc_lock_mode 0 or 1; under 2 (interleaved) that is not documented, so each
+        row is inserted on its own.
         """
         if not jobs:
             return []
+        if self._returning:
+            unnest, arrays = self._insert_many_statement(jobs)
+            return sorted(r[0] for r in conn.exec_driver_sql(unnest, arrays).all())
         cols = ", ".join(_INSERT_COLUMNS)
-        now, clocked = self._insert_now()
+        now = self.db.dialect.now_sql()
+        clocked: tuple[Any, ...] = ()
+        if self.clock is not None:
+            now, clocked = "%s", (read_clock(self.clock),) * 2
         row = "(" + ", ".join(["%s"] * len(_INSERT_COLUMNS)) + f", {now}, {now})"
         values = [v for job in jobs for v in _insert_values(job) + clocked]
         sql = f"INSERT INTO {self.table} ({cols}, created_at, updated_at) VALUES " + ", ".join(
             [row] * len(jobs)
         )
-        if self.db.dialect.name == "postgres":
-            return sorted(r[0] for r in conn.exec_driver_sql(sql + " RETURNING id", tuple(values)).all())
         mode, step = conn.exec_driver_sql(
             "SELECT @@innodb_autoinc_lock_mode, @@auto_increment_increment"
         ).one()
@@ -455,6 +472,42 @@ class Procs:
             return [self.insert(conn, job) for job in jobs]
         first = conn.exec_driver_sql(sql, tuple(values)).lastrowid
         return [first + i * int(step) for i in range(len(jobs))]
+
+    def insert_many_alone(self, jobs: Sequence[NewJob]) -> list[int]:
+        """PostgreSQL: `insert_many` as one statement in a transaction of its own, in one round
+        trip (Database.execute_alone)."""
+        if not jobs:
+            return []
+        sql, values = self._insert_many_statement(jobs)
+        rows, _ = self.db.execute_alone(sql, values)
+        return sorted(r[0] for r in rows)
+
+    def _insert_many_statement(self, jobs: Sequence[NewJob]) -> tuple[str, tuple[Any, ...]]:
+        """PostgreSQL's bulk INSERT ... SELECT FROM unnest(arrays) and its 11 arrays (+ the clock)."""
+        rows = [
+            (
+                j.queue,
+                j.priority,
+                j.callback_name,
+                None if j.parameters is None else "\\x" + j.parameters.hex(),  # bytea's hex input
+                j.parameters_json,
+                j.serial_group,
+                j.coalesce_threshold,
+                j.identifier,
+                j.mode,
+                j.postponed_by,
+                int(j.processed_by_broker),
+            )
+            for j in jobs
+        ]
+        arrays = tuple(
+            _pg_array(list(column), text)
+            for column, text in zip(zip(*rows, strict=True), _TEXT_ARRAYS, strict=True)
+        )
+        if self.clock is None:
+            return self._insert_many_sql, arrays
+        now = read_clock(self.clock)
+        return self._insert_many_sql_clocked, (now, now, *arrays)  # the SELECT list's two come first
 
     def get_job(self, conn: Connection, job_id: int) -> dict[str, Any] | None:
         """The job's row as a dict (for people and tests), or None."""
@@ -763,6 +816,44 @@ def _claimed(row: dict[str, Any]) -> Claimed:
             coalesce_threshold=row["coalesce_threshold"],
         ),
     )
+
+
+def _insert_sql(table: str, now: str, returning: bool) -> str:
+    """The one-row INSERT: a %s per column, then created_at and updated_at (`now` twice)."""
+    columns = ", ".join(_INSERT_COLUMNS)
+    marks = ", ".join(["%s"] * len(_INSERT_COLUMNS))
+    sql = f"INSERT INTO {table} ({columns}, created_at, updated_at) VALUES ({marks}, {now}, {now})"
+    return sql + " RETURNING id" if returning else sql
+
+
+def _insert_many_sql(table: str, now: str) -> str:
+    """PostgreSQL's bulk INSERT: one array per column that varies, unnested in order (insert_many)."""
+    return (
+        f"INSERT INTO {table} ({', '.join(_INSERT_COLUMNS)}, created_at, updated_at)"
+        f" SELECT q, p, c, pk, pj::json, 1, 0, g, t, i, m, pb, b, {now}, {now}"
+        " FROM unnest(%s::varchar[], %s::integer[], %s::varchar[], %s::bytea[], %s::text[],"
+        " %s::varchar[], %s::bigint[], %s::varchar[], %s::varchar[], %s::integer[], %s::smallint[])"
+        " WITH ORDINALITY AS j(q, p, c, pk, pj, g, t, i, m, pb, b, n) ORDER BY n RETURNING id"
+    )
+
+
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_CONTROL = re.compile(r"[\x00-\x1f]")
+
+
+#: Which of _insert_many_statement's arrays hold text (the others: integers).
+_TEXT_ARRAYS = (True, False, True, True, True, True, False, True, True, False, False)
+
+
+def _pg_array(column: list[Any], text: bool) -> str | list[Any]:
+    """A column of str or int (`text` says which) and None as PostgreSQL array input, written by
+    the C JSON encoder (psycopg dumps a list element by element, ~15 times slower): a JSON
+    string's quoting ("..." escaping only \\ and \") is the array input's, null is NULL, and
+    only the outer brackets differ. JSON writes a control character as \\n or \\u00XX, which
+    array input would read differently: a column holding one goes as the list itself."""
+    if text and _CONTROL.search("".join(filter(None, column))):
+        return column
+    return "{" + _JSON.encode(column)[1:-1] + "}"
 
 
 def _insert_values(job: NewJob) -> tuple[Any, ...]:

@@ -86,7 +86,7 @@ class Publisher:
             return None
         store = self.store
         if connection is None:
-            job_id = self._insert(job)
+            job_id = store.procs.insert_alone(job)
             self.sender.send([(job_id, job.queue, job.priority, job.postponed_by)])
             return job_id
         conn = connection.connection() if isinstance(connection, Session) else connection
@@ -130,7 +130,7 @@ class Publisher:
                 self._aio = AsyncPostgres(store.database)
             job_id = await store.procs.insert_async(self._aio, job)
         else:
-            job_id = await asyncio.to_thread(self._insert, job)
+            job_id = await asyncio.to_thread(store.procs.insert_alone, job)
         self.sender.send([(job_id, job.queue, job.priority, job.postponed_by)])
         return job_id
 
@@ -139,13 +139,9 @@ class Publisher:
         if self._aio is not None:
             await self._aio.aclose()
 
-    def _insert(self, job: NewJob) -> int:
-        """Insert one job in a transaction of its own and return its id."""
-        with self.store.database.transaction() as conn:
-            return self.store.procs.insert(conn, job)
-
     def start_bulk(self) -> None:
-        """Buffer publish() calls; every `bulk_size` jobs go in one multi-row INSERT."""
+        """Buffer publish() calls; every `bulk_size` jobs go in one INSERT (PostgreSQL: of arrays;
+        MySQL: of a row of values per job), more only when their parameters exceed BULK_INSERT_BYTES."""
         if self.bulk_batch is None:
             self.bulk_batch = Bulk()
 
@@ -177,7 +173,12 @@ class Publisher:
         if batch is None or not batch.jobs:
             return
         jobs, batch.jobs = batch.jobs, []
-        with self.store.database.transaction() as conn:
-            ids = [i for chunk in _by_size(jobs) for i in self.store.procs.insert_many(conn, chunk)]
+        procs = self.store.procs
+        chunks = list(_by_size(jobs))
+        if len(chunks) == 1 and self.store.database.dialect.name == "postgres":
+            ids = procs.insert_many_alone(jobs)  # one statement: its own transaction, one round trip
+        else:
+            with self.store.database.transaction() as conn:
+                ids = [i for chunk in chunks for i in procs.insert_many(conn, chunk)]
         batch.ids.extend(ids)
         self.sender.send([(i, j.queue, j.priority, j.postponed_by) for i, j in zip(ids, jobs, strict=True)])

@@ -25,21 +25,64 @@ def new_job(
     priority: Any,
     coalesce_threshold: Any,
 ) -> NewJob:
+    """The job to insert, or the first PublishError its arguments earn (checked in a fixed order).
+
+    On the hot path of every publish: the common cases (mode normal, an int priority from the
+    list, no group or identifier) pass on one comparison each; the full checks and their
+    messages run for the rest."""
     if not callback_name:
         raise PublishError('The job does not have the required parameter "callback_name" set.')
     spec = cfg.callbacks.get(callback_name) if isinstance(callback_name, str) else None
     if spec is None:
         raise UnknownCallbackError(f'Callback "{callback_name}" does not exist.')
-    try:
-        mode = Mode(mode)
-    except ValueError:
-        raise PublishError(f"Unknown mode {mode!r}: use normal, unique or recurring.") from None
-    if mode is not Mode.NORMAL and not identifier:
-        raise PublishError(f'Parameter "identifier" has to be set if "mode" is {mode.value}.')
+    if mode is Mode.NORMAL or (type(mode) is str and mode == "normal"):
+        mode_value = "normal"
+    else:
+        try:
+            mode_value = Mode(mode).value
+        except ValueError:
+            raise PublishError(f"Unknown mode {mode!r}: use normal, unique or recurring.") from None
+        if mode_value != "normal" and not identifier:
+            raise PublishError(f'Parameter "identifier" has to be set if "mode" is {mode_value}.')
     if coalesce_threshold is not None and not serial_group:
         raise PublishError('Parameter "serial_group" has to be set if "coalesce_threshold" is used.')
     if priority is None:
         priority = spec.priority if spec.priority is not None else cfg.priorities[0]
+    if type(priority) is not int or priority not in cfg.priorities:
+        _check_priority(cfg, callback_name, priority)
+    if serial_group is not None:
+        _check_text("serial_group", serial_group)
+    if identifier is not None:
+        _check_text("identifier", identifier)
+    if coalesce_threshold is not None and (
+        isinstance(coalesce_threshold, bool) or not isinstance(coalesce_threshold, int)
+    ):
+        raise PublishError('Parameter "coalesce_threshold" must be an integer.')
+    postponed_by = None if postpone_by is None else _milliseconds(postpone_by)
+    parameters_json, pickled = params_codec.encode(parameters, allow_pickle=cfg.allow_pickle)
+    size = params_codec.encoded_size(parameters_json, pickled)
+    if size > cfg.max_parameters_bytes:
+        raise PublishError(
+            f"The parameters take {size} bytes encoded, more than max_parameters_bytes "
+            f"({cfg.max_parameters_bytes}): store large data elsewhere and pass a reference."
+        )
+    return NewJob(
+        queue=cfg.queue_name(spec.queue),
+        priority=priority,
+        callback_name=callback_name,
+        parameters_json=parameters_json,
+        parameters=pickled,
+        serial_group=serial_group,
+        coalesce_threshold=coalesce_threshold,
+        identifier=identifier,
+        mode=mode_value,
+        postponed_by=postponed_by,
+        processed_by_broker=cfg.producer is not None,
+    )
+
+
+def _check_priority(cfg: Config, callback_name: str, priority: Any) -> None:
+    """Raise PriorityError unless `priority` is an integer of the configured list."""
     if isinstance(priority, str):
         raise PriorityError(
             f"Priority {priority!r} for callback {callback_name} is a string: priorities are integers "
@@ -60,44 +103,20 @@ def new_job(
             f"Priority {priority} for callback {callback_name} is not in available priorities: "
             f"{','.join(map(str, cfg.priorities))}"
         )
-    for name, value in (("serial_group", serial_group), ("identifier", identifier)):
-        if value is not None and (not isinstance(value, str) or not value or len(value) > MAX_TEXT):
-            raise PublishError(
-                f'Parameter "{name}" must be a non-empty string of at most {MAX_TEXT} characters.'
-            )
-        if value is not None and ("\x00" in value or not encodable(value)):
-            # PostgreSQL text cannot hold NUL (MariaDB would store it): refuse it on both.
-            raise PublishError(
-                f'Parameter "{name}" must not contain NUL or lone surrogate characters: {value!r}.'
-            )
-        if value is not None and value != value.rstrip():
-            # MySQL compares these PAD SPACE ('a ' = 'a'), PostgreSQL does not: refuse the ambiguity.
-            raise PublishError(f'Parameter "{name}" must not end with whitespace: {value!r}.')
-    if coalesce_threshold is not None and (
-        isinstance(coalesce_threshold, bool) or not isinstance(coalesce_threshold, int)
-    ):
-        raise PublishError('Parameter "coalesce_threshold" must be an integer.')
-    postponed_by = _milliseconds(postpone_by)
-    parameters_json, pickled = params_codec.encode(parameters, allow_pickle=cfg.allow_pickle)
-    size = params_codec.encoded_size(parameters_json, pickled)
-    if size > cfg.max_parameters_bytes:
+
+
+def _check_text(name: str, value: Any) -> None:
+    """Raise PublishError unless `value` is a group name or identifier both dialects store alike."""
+    if not isinstance(value, str) or not value or len(value) > MAX_TEXT:
+        raise PublishError(f'Parameter "{name}" must be a non-empty string of at most {MAX_TEXT} characters.')
+    if "\x00" in value or not encodable(value):
+        # PostgreSQL text cannot hold NUL (MariaDB would store it): refuse it on both.
         raise PublishError(
-            f"The parameters take {size} bytes encoded, more than max_parameters_bytes "
-            f"({cfg.max_parameters_bytes}): store large data elsewhere and pass a reference."
+            f'Parameter "{name}" must not contain NUL or lone surrogate characters: {value!r}.'
         )
-    return NewJob(
-        queue=cfg.queue_name(spec.queue),
-        priority=priority,
-        callback_name=callback_name,
-        parameters_json=parameters_json,
-        parameters=pickled,
-        serial_group=serial_group,
-        coalesce_threshold=coalesce_threshold,
-        identifier=identifier,
-        mode=mode.value,
-        postponed_by=postponed_by,
-        processed_by_broker=cfg.producer is not None,
-    )
+    if value != value.rstrip():
+        # MySQL compares these PAD SPACE ('a ' = 'a'), PostgreSQL does not: refuse the ambiguity.
+        raise PublishError(f'Parameter "{name}" must not end with whitespace: {value!r}.')
 
 
 def _milliseconds(value: int | dt.timedelta | None) -> int | None:

@@ -8,6 +8,7 @@ import multiprocessing
 import pytest
 
 from bgq import Queue
+from tests.support.helpers import utc
 
 
 def _params_by_id(installed):
@@ -23,13 +24,18 @@ def _params_by_id(installed):
 def test_checklist_16_bulk_inserts_in_chunks_and_maps_ids(make_queue, installed, monkeypatch):
     queue = make_queue(bulk_size=3)
     statements = []
-    original = queue.procs.insert_many
+    in_transaction, alone = queue.procs.insert_many, queue.procs.insert_many_alone
 
     def spy(conn, jobs):
         statements.append(len(jobs))
-        return original(conn, jobs)
+        return in_transaction(conn, jobs)
+
+    def spy_alone(jobs):  # PostgreSQL: a chunk that is the whole flush is one statement of its own
+        statements.append(len(jobs))
+        return alone(jobs)
 
     monkeypatch.setattr(queue.procs, "insert_many", spy)
+    monkeypatch.setattr(queue.procs, "insert_many_alone", spy_alone)
     queue.start_bulk()
     for n in range(7):
         assert queue.publish("noop", [n]) is None
@@ -93,3 +99,144 @@ def test_two_concurrent_bulk_publishers_of_10000_jobs_get_their_own_ids(installe
     assert len(by_id) == 10_000
     for tag, ids in results.items():
         assert [by_id[i] for i in ids] == [[tag, n] for n in range(5000)]
+
+
+# --- every column of a bulk row is what publish() alone would store (PostgreSQL: arrays as text) ---
+
+TRICKY_TEXT = [
+    'quote " and backslash \\ and braces {a,b} and NULL',
+    "NULL",
+    "null",
+    "line\nbreak\ttab\rreturn\x1funit",
+    "ünïcødé 日本 🎉",
+    '{"json": [1, "x"]}',
+    ",",
+    "\\x00ff",
+]
+
+
+def _publish_tricky(queue: Queue) -> None:
+    for n, text in enumerate(TRICKY_TEXT):
+        queue.publish("noop", [text, n], serial_group=f"g {text}"[:255].rstrip())
+        queue.publish("noop", {"k": text}, identifier=text.strip() or "x", mode="unique")
+    queue.publish("noop")  # no parameters
+    queue.publish("noop", [], priority=2, postpone_by=1234)
+    queue.publish("noop", ["big"], serial_group="g", coalesce_threshold=2**40)
+    queue.publish("noop", [{1, 2}, b"\x00\\\x01{}"])  # not JSON: pickled (bytea / BLOB)
+    queue.publish("other", ["sub-queue"])
+    queue.publish("tab\tname", ["a callback name with a control character"])
+
+
+@pytest.mark.parametrize("clocked", [False, True], ids=["server-clock", "option-clock"])
+def test_bulk_rows_are_the_rows_publish_stores_one_by_one(make_queue, installed, clocked):
+    from tests.support.clock import Clock
+
+    options: dict = {
+        "callbacks": {
+            "noop": lambda *a, **k: None,
+            "other": {"callback": lambda *a: None, "queue": "sub"},
+            "tab\tname": lambda *a: None,
+        },
+        "priorities": [1, 2],
+        "allow_pickle": True,
+    }
+    if clocked:
+        options["clock"] = Clock()
+    one_by_one = make_queue(**options)
+    _publish_tricky(one_by_one)
+    single = installed.sql("SELECT * FROM {t} ORDER BY id")
+    bulk = make_queue(bulk_size=1000, **options)
+    with bulk.bulk() as batch:
+        _publish_tricky(bulk)
+    rows = {r["id"]: r for r in installed.sql("SELECT * FROM {t} ORDER BY id")}
+    assert len(batch.ids) == len(single) and sorted(batch.ids) == batch.ids
+    assert rows.keys() == {r["id"] for r in single} | set(batch.ids)
+    varying = {"id", "created_at", "updated_at"}
+    for alone, job_id in zip(single, batch.ids, strict=True):
+        assert {k: v for k, v in rows[job_id].items() if k not in varying} == {
+            k: v for k, v in alone.items() if k not in varying
+        }
+        if clocked:  # the option's time, to the microsecond, as publish() stores it
+            assert utc(rows[job_id]["created_at"]) == utc(alone["created_at"]) == options["clock"]()
+            assert rows[job_id]["updated_at"] == alone["updated_at"]
+
+
+def test_a_bulk_larger_than_one_statement_is_inserted_in_one_transaction(make_queue, installed, monkeypatch):
+    """Parameters over BULK_INSERT_BYTES go in several statements of one transaction: ids still
+    map to their jobs, and a failure in a later statement leaves none of them."""
+    from bgq import publisher
+
+    monkeypatch.setattr(publisher, "BULK_INSERT_BYTES", 40)
+    queue = make_queue(bulk_size=100)
+    with queue.bulk() as batch:
+        for n in range(10):
+            queue.publish("noop", [f"job-{n:02d}"])  # ["job-00"]: 10 bytes, 4 per statement
+    by_id = _params_by_id(installed)
+    assert [by_id[i] for i in batch.ids] == [[f"job-{n:02d}"] for n in range(10)]
+
+    statements = []
+    original = queue.procs.insert_many
+
+    def fail_third(conn, jobs):
+        statements.append(len(jobs))
+        if len(statements) == 3:
+            raise RuntimeError("the third statement fails")
+        return original(conn, jobs)
+
+    monkeypatch.setattr(queue.procs, "insert_many", fail_third)
+    with pytest.raises(RuntimeError), queue.bulk():
+        for n in range(10):
+            queue.publish("noop", [f"new-{n:02d}"])
+    assert statements == [4, 4, 2]
+    assert len(_params_by_id(installed)) == 10  # the first two statements were rolled back
+
+
+def _many_bulk_publisher(url: str, table: str, tag: str, go, out) -> None:
+    queue = Queue(
+        callbacks={"noop": lambda *a: None},
+        database_url=url,
+        table_name=table,
+        queue="general",
+        priorities=[1, 2, 3],
+        bulk_size=50,
+    )
+    queue.publish("noop", [tag, -1])  # connected and checked before the start
+    go.wait(60)
+    with queue.bulk() as batch:
+        for n in range(1500):
+            queue.publish("noop", [tag, n], priority=1 + n % 3, serial_group=f"g{n % 7}" if n % 2 else None)
+    out.put((tag, batch.ids))
+    queue.close()
+
+
+def test_four_processes_bulk_publishing_at_once_each_get_the_ids_of_their_own_jobs(installed):
+    """Small batches (50) from four processes started together: their statements interleave, and
+    each returned id is the row of that process's job, in its order."""
+    ctx = multiprocessing.get_context("spawn")
+    out, go = ctx.Queue(), ctx.Barrier(4)
+    procs = [
+        ctx.Process(target=_many_bulk_publisher, args=(installed.url, installed.table, tag, go, out))
+        for tag in "ABCD"
+    ]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=180) for _ in procs)
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    rows = installed.sql("SELECT id, parameters_json, priority, serial_group FROM {t}")
+    by_id = {r["id"]: r for r in rows}
+    assert len(by_id) == 4 * 1501
+    for tag, ids in results.items():
+        assert len(ids) == 1500 and ids == sorted(ids)
+        for n, job_id in enumerate(ids):
+            row = by_id[job_id]
+            params = (
+                json.loads(row["parameters_json"])
+                if isinstance(row["parameters_json"], str)
+                else row["parameters_json"]
+            )
+            assert params == [tag, n]
+            assert row["priority"] == 1 + n % 3 and row["serial_group"] == (f"g{n % 7}" if n % 2 else None)
+    all_ids = [i for ids in results.values() for i in ids]
+    assert len(set(all_ids)) == len(all_ids)

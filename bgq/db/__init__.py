@@ -13,6 +13,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 from ..errors import BgqError, ConnectionLostError, DatabaseError, DatabaseUnavailableError
+from .alone import Alone
 from .dialect import Dialect, InstalledRoutine, Proc
 
 __all__ = ["Database", "Dialect", "InstalledRoutine", "Proc", "dialect_for", "dialect_name", "normalise_url"]
@@ -59,6 +60,10 @@ def normalise_url(raw: str) -> sa.URL:
 
 #: Default of the Queue option `lock_timeout`, in seconds.
 LOCK_TIMEOUT = 5
+#: The engine's pool: connections kept idle, and opened beyond them at most; the same bounds for
+#: the single-statement connections (bgq/db/alone.py), a second set beside the pool.
+POOL_SIZE = 2
+MAX_OVERFLOW = 8
 
 
 class Database:
@@ -87,16 +92,17 @@ class Database:
             self.url,
             isolation_level="READ COMMITTED",
             pool_pre_ping=True,
-            pool_size=2,
-            max_overflow=8,
+            pool_size=POOL_SIZE,
+            max_overflow=MAX_OVERFLOW,
         )
         event.listen(self.engine, "handle_error", self._on_error)
         # The driver's own base exception: raw cursors (install-procs' DDL) raise it unwrapped.
-        self._driver_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
+        self.driver_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
         self.lock_timeout = lock_timeout
         if lock_timeout:
             event.listen(self.engine, "connect", self._on_connect)
         self._local = threading.local()
+        self.alone = Alone(self, POOL_SIZE + MAX_OVERFLOW, POOL_SIZE)
 
     def _on_connect(self, dbapi_connection: Any, _record: Any) -> None:
         """Bound lock waits and idle transactions on bgq's own sessions (never the application's)."""
@@ -133,7 +139,7 @@ class Database:
                 conn = self._local.conn = self.engine.connect()
             with conn.begin():
                 yield conn
-        except (sa.exc.DBAPIError, self._driver_error) as exc:
+        except (sa.exc.DBAPIError, self.driver_error) as exc:
             raise self.translate(exc) from exc
 
     @contextmanager
@@ -174,5 +180,14 @@ class Database:
             return []
         return [dict(row) for row in result.mappings().all()]
 
+    def execute_alone(self, sql: str, values: Sequence[Any]) -> tuple[list[tuple[Any, ...]], int | None]:
+        """Run one statement in a transaction of its own, in one round trip, on a connection bgq
+        keeps in autocommit mode (bgq/db/alone.py); return (its rows, the cursor's lastrowid).
+
+        A connection lost after the statement was sent raises ConnectionLostError with
+        `retryable` False (it may have committed); one found lost before is replaced silently."""
+        return self.alone.execute(sql, values)
+
     def dispose(self) -> None:
+        self.alone.close()
         self.engine.dispose()

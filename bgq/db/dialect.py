@@ -61,6 +61,14 @@ class Dialect(Protocol):
     def table_exists_sql(self) -> str:
         """A COUNT of the tables named %s in the current database (MySQL) or schema (PostgreSQL)."""
 
+    def keep_autocommit(self, dbapi_connection: Any) -> int:
+        """Switch a connection bgq keeps for single statements (bgq/db/alone.py) to autocommit;
+        return the file descriptor of its socket."""
+
+    def idle_outside_transaction(self, dbapi_connection: Any) -> bool:
+        """Whether a kept autocommit connection is open and outside any transaction (anything
+        else, after an error, means it is broken)."""
+
     def install_lock_sql(self) -> tuple[str, str]:
         """(take the install lock of the table named %s without waiting: true if taken, release it):
         a session lock, so that two `bgq install-procs` on one table never interleave."""

@@ -122,6 +122,14 @@ class MySQLDialect:
             statements.append(f"SET SESSION idle_transaction_timeout = {int(seconds)}")
         return statements
 
+    def keep_autocommit(self, dbapi_connection: Any) -> int:
+        dbapi_connection.autocommit(True)
+        return int(dbapi_connection._sock.fileno())  # PyMySQL has no public accessor
+
+    def idle_outside_transaction(self, dbapi_connection: Any) -> bool:
+        """Open (autocommit on: PyMySQL has no transaction status; a broken one is closed)."""
+        return bool(dbapi_connection.open)
+
     def table_exists_sql(self) -> str:
         return (
             "SELECT COUNT(*) FROM information_schema.tables"

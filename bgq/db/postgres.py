@@ -46,6 +46,7 @@ SERVER_ERRORS: dict[str, type[DatabaseError]] = {
     "25P03": ConnectionLostError,  # idle_in_transaction_session_timeout
 }
 _CONNECTION_CLASS = "08"
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 #: A round trip that proves a connection alive (publish_async's ping of an idle connection).
 PING_SQL = "SELECT 1"
 
@@ -111,6 +112,14 @@ class PostgresDialect:
     def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
         ms = int(seconds) * 1000
         return [f"SET lock_timeout = {ms}", f"SET idle_in_transaction_session_timeout = {ms}"]
+
+    def keep_autocommit(self, dbapi_connection: Any) -> int:
+        dbapi_connection.rollback()  # the pool hands connections over idle: make sure of it
+        dbapi_connection.autocommit = True
+        return int(dbapi_connection.fileno())
+
+    def idle_outside_transaction(self, dbapi_connection: Any) -> bool:
+        return not dbapi_connection.closed and dbapi_connection.info.transaction_status == _IDLE
 
     def table_exists_sql(self) -> str:
         return (
