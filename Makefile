@@ -28,9 +28,12 @@ demo: $(STAMP)
 web: $(STAMP)
 	$(BIN)/bgq web --demo --no-auth --host 127.0.0.1 --port 8080
 
+# The suite in TEST_WORKERS processes (pytest-xdist; most tests wait on servers and workers, so more
+# processes than cores pay). TEST_WORKERS=0 runs it in this process, e.g. to debug one test.
+TEST_WORKERS ?= 3
 test: $(STAMP)
 	sh tools/install-chromium.sh
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check bgq tests tools

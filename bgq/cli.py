@@ -355,10 +355,11 @@ def consume(
     queue = load_queue()
     assert queue is not None
     chosen = parse_priorities(priorities, queue.config.priorities)
-    _ = queue.procs  # reach the database and check the install before taking any message
-    if metrics_port is not None:
-        _serve_metrics(queue, metrics_port)
-    with GracefulStop() as stop:
+    queue.config.queue_name(sub_queue)  # a sub-queue no callback could have: said before connecting
+    with GracefulStop() as stop:  # SIGTERM while the database is reached is a clean stop too
+        _ = queue.procs  # reach the database and check the install before taking any message
+        if metrics_port is not None:
+            _serve_metrics(queue, metrics_port)
         code = run_consumer(queue, sub_queue, jobs, chosen, stop)
     raise typer.Exit(code)
 

@@ -71,8 +71,16 @@ class Config:
     log_format: str = "text"
 
     def queue_name(self, sub_queue: str | None) -> str:
-        """The job's queue: the base queue, or '<queue>_<sub_queue>'."""
-        return self.queue if sub_queue is None else f"{self.queue}_{sub_queue}"
+        """The job's queue: the base queue, or '<queue>_<sub_queue>' (ConfigError for a sub-queue
+        a callback could not be declared with: other characters, or digits only)."""
+        if sub_queue is None:
+            return self.queue
+        if not QUEUE_NAME_RE.fullmatch(sub_queue) or sub_queue.isdigit():
+            raise ConfigError(
+                f"Invalid sub-queue {sub_queue!r}: letters, digits, _ . - (not digits only, which "
+                "would collide with the per-priority queue names)."
+            )
+        return f"{self.queue}_{sub_queue}"
 
 
 def read_clock(clock: Callable[[], dt.datetime]) -> dt.datetime:

@@ -72,10 +72,13 @@ def run_workers(make_queue: Callable[[], Queue], concurrency: int, **options: An
     """
     queue = make_queue()
     check(queue, **options)
-    _ = queue.procs  # reach the database and check the install before any worker starts
-    if concurrency == 1:
-        with GracefulStop() as stop:
+    # SIGTERM while the database is reached (which can take seconds) is a clean stop too.
+    with GracefulStop() as stop:
+        _ = queue.procs  # reach the database and check the install before any worker starts
+        if concurrency == 1:
             return work(queue, stop=stop, **options)
+        if stop.requested:
+            return 0
     queue.close()  # no pooled socket is inherited by the workers
     return _Supervisor(make_queue, concurrency, options).run()
 

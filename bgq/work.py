@@ -95,8 +95,16 @@ def work(
     return 0
 
 
-def check(queue: Parts, *, batch_max: int = BATCH_MAX, poll: float = POLL_SECONDS, **_: object) -> None:
+def check(
+    queue: Parts,
+    *,
+    sub_queue: str | None = None,
+    batch_max: int = BATCH_MAX,
+    poll: float = POLL_SECONDS,
+    **_: object,
+) -> None:
     """Raise ConfigError if `work(queue, ...)` with these options cannot run (nothing is claimed)."""
+    queue.config.queue_name(sub_queue)
     if queue.config.producer is not None:
         raise ConfigError("bgq work runs on the database alone; this queue has a broker: use `bgq consume`.")
     if batch_max < 1 or poll <= 0:

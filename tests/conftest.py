@@ -82,7 +82,10 @@ def dialect_expects(request: pytest.FixtureRequest, dialect: str) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A dialect_differs marker names both dialects' behaviour and why, and is read by its test."""
+    """A dialect_differs marker names both dialects' behaviour and why, and is read by its test.
+    The `slow` tests run first: spread over xdist workers (`make test`), the longest ones start
+    at once instead of being left for last, when nothing else could run beside them."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     for item in items:
         marker = item.get_closest_marker(_DIALECT_DIFFERS)
         if marker is None:

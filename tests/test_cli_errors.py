@@ -73,6 +73,21 @@ def test_demo_against_an_unreachable_database_prints_one_line(dialect_name):
     assert "Cannot reach the database" in assert_one_line(result)
 
 
+@pytest.mark.parametrize(
+    ("command", "broker"),
+    [(("work", "bad queue!"), False), (("work", "-c", "2", "12"), False), (("consume", "a/b"), True)],
+    ids=["work", "work -c 2 digits", "consume"],
+)
+def test_a_sub_queue_no_callback_could_have_is_refused_before_connecting(tmp_path, command, broker):
+    """The same characters as a callback's queue (letters, digits, _ . -, not digits only): anything
+    else is refused in one line, before the (unreachable) database is even tried."""
+    module = unreachable_app(tmp_path, UNREACHABLE["mysql"], broker=broker)
+    env = {"BGQ_LOCKS_DIR": str(tmp_path / "locks")}
+    result = bgq("--app", f"{module}:queue", *command, pythonpath=tmp_path, env=env, timeout=90)
+    line = assert_one_line(result)
+    assert f"Invalid sub-queue {command[-1]!r}" in line, line
+
+
 def test_reload_consumers_with_an_unreachable_broker_prints_one_line(tmp_path):
     module = unreachable_app(tmp_path, UNREACHABLE["mysql"], broker=True)
     env = {"BGQ_LOCKS_DIR": str(tmp_path / "locks")}

@@ -6,6 +6,8 @@ import multiprocessing
 import random
 from collections import defaultdict
 
+import pytest
+
 from tests.support import ledger_worker
 
 WORKERS = 4
@@ -27,6 +29,7 @@ def _publish_mix(queue, seed: int) -> dict[str, tuple[int, str | None, int]]:
     return jobs
 
 
+@pytest.mark.slow
 def test_processes_never_overlap_inside_a_group_and_run_in_priority_order(make_queue, installed, ledger):
     """Checklist 53/54: >= 4 processes call process_job concurrently; the ledger proves no two jobs
     of a group overlap, every job ran exactly once, and each group started in (priority, id) order."""

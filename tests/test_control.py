@@ -114,6 +114,7 @@ def test_bad_pause_targets_are_refused_before_anything_is_written(make_queue, in
     assert queue.paused() == []
 
 
+@pytest.mark.slow
 def test_the_claim_keeps_its_index_with_the_pause_test(make_queue, installed, unpause):
     """EXPLAIN the ungrouped claim (claim_batch's first branch, with the pause rule rendered in):
     the jobs table is read through its ungrouped index, the pause table by a small lookup."""

@@ -157,8 +157,10 @@ def test_monitor_reports_no_process_lock_when_none_is_held(runs):
 
 @pytest.mark.slow
 def test_max_runtime_stops_a_long_run_within_the_limit_plus_one_job(runs, make_queue, installed):
-    limit, seconds = 2.0, 0.4
-    ids = publish_slow(make_queue, *((f"j{n}", seconds) for n in range(40)))  # 16 s of work
+    # The limit counts from the start of process(), connecting and registering included: 4 s
+    # leaves room for a loaded machine (xdist workers beside it) to start a job before it is up.
+    limit, seconds = 4.0, 0.5
+    ids = publish_slow(make_queue, *((f"j{n}", seconds) for n in range(40)))  # 20 s of work
     started = time.monotonic()
     result = runs.run("process", "--max-runtime", str(limit))
     took = time.monotonic() - started

@@ -41,6 +41,7 @@ def clean_schedules(installed):
     installed.sql("DELETE FROM {t}_fired")
 
 
+@pytest.mark.slow
 def test_each_fire_time_is_published_once_by_four_racing_workers_on_two_hosts(
     installed, clean_schedules, capsys, tmp_path
 ):
