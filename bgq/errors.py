@@ -53,6 +53,13 @@ class ConnectionLostError(DatabaseUnavailableError):
     retryable = True  # the pool hands out a fresh connection; an unfinished transaction was rolled back
 
 
+class OutcomeUnknownError(ConnectionLostError):
+    """The connection was lost after a statement went out in a transaction of its own (a publish):
+    the server may have committed it, so running it again could do it twice."""
+
+    retryable = False
+
+
 class LockTimeoutError(DatabaseError):
     """A lock wait timed out (MySQL innodb_lock_wait_timeout, PostgreSQL lock_timeout or NOWAIT)."""
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bgq import ConnectionLostError, DatabaseError, Queue
+from bgq import ConnectionLostError, DatabaseError, OutcomeUnknownError, Queue
 from bgq.db import POOL_SIZE, alone
 from tests.support.helpers import background, count_rows, held_transaction
 
@@ -116,8 +116,8 @@ def test_a_connection_lost_while_the_insert_is_in_flight_raises_and_never_insert
     dialect, installed, make_queue
 ):
     """The INSERT went out, then the session died: it may or may not have committed (here it
-    did not), so publish raises a ConnectionLostError that is not retryable, and sends nothing
-    again."""
+    did not), so publish raises an OutcomeUnknownError (a ConnectionLostError that is not
+    retryable), and sends nothing again."""
     queue = make_queue()
     queue.publish("noop", [0])
     session = _session(queue)
@@ -126,7 +126,7 @@ def test_a_connection_lost_while_the_insert_is_in_flight_raises_and_never_insert
         publishing = run(queue.publish, "noop", [1])
         _wait_until(lambda: _insert_waits(installed, dialect, session), "the INSERT waits for the lock")
         _kill(installed, dialect, session)
-        with pytest.raises(ConnectionLostError) as caught:
+        with pytest.raises(OutcomeUnknownError) as caught:
             publishing.result(timeout=30)
         if dialect == "mysql":
             holder.exec_driver_sql("UNLOCK TABLES")

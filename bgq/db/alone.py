@@ -18,7 +18,7 @@ and pinged when it has been idle longer than PING_AFTER (what a silent network l
 otherwise hide); a connection that fails either check is closed and another one taken, and the
 statement goes out once. A connection lost *after* the statement went out leaves its outcome
 unknown (the server may have committed it before the connection broke), so it is never sent
-again: the caller gets a ConnectionLostError that is not retryable and says so.
+again: the caller gets an OutcomeUnknownError (a ConnectionLostError that is not retryable).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ..errors import BgqError, ConnectionLostError, DatabaseError
+from ..errors import BgqError, ConnectionLostError, DatabaseError, OutcomeUnknownError
 
 if TYPE_CHECKING:
     from . import Database
@@ -83,7 +83,7 @@ class Alone:
         """Run `sql` in a transaction of its own; return (its rows, the cursor's lastrowid).
 
         Raises the translated error; a connection lost after the statement went out raises a
-        ConnectionLostError whose `retryable` is False: the statement may have committed."""
+        OutcomeUnknownError (not retryable): the statement may have committed."""
         if not self._slots.acquire(timeout=WAIT_S):
             raise DatabaseError(f"No database connection became free for bgq within {WAIT_S:.0f} s.")
         try:
@@ -180,9 +180,7 @@ def _forked(alone: weakref.ref[Alone]) -> None:
 
 
 def _outcome_unknown(exc: BaseException) -> BgqError:
-    error = ConnectionLostError(
+    return OutcomeUnknownError(
         "The database connection was lost after the statement was sent: it may or may not have been "
         f"committed, so bgq did not send it again (look before publishing again). ({exc})"
     )
-    error.retryable = False  # running it again could insert the job twice
-    return error
