@@ -1,0 +1,98 @@
+-- bgq {{ table }}_claim_ids, version 1 (MySQL 8 / MariaDB 10.11)
+--
+-- Contract
+--   CALL {{ table }}_claim_ids(p_ids, p_queue, p_pid, p_waiting_ms, p_worker_id, p_now)
+--   Broker mode's batch claim: the jobs of a batch of messages, each claimed as {{ table }}_claim
+--   would claim it, in one call.
+--   p_ids         JSON text: an array of distinct job ids, claimed in the order given.
+--   p_queue       the base queue: a job must be in it or in a sub-queue '<p_queue>_<sub>'.
+--   p_pid         the worker's process id (stored for people, never used for liveness).
+--   p_waiting_ms  postponed_by written when a job has to wait (waiting_job_expiration).
+--   p_worker_id   stored in worker_id on every claimed job (NULL: none).
+--   p_now         the clock (DATETIME(6), UTC); NULL means UTC_TIMESTAMP(6).
+-- Result: one row per id, in the order given
+--   id              the job.
+--   outcome, attempt, state, predecessor_id, promoted_id, callback_name, parameters_json,
+--   parameters, queue, priority, serial_group, identifier, mode, coalesce_threshold: as
+--   documented in {{ table }}_claim, for this job.
+-- Steps: each id goes through {{ table }}_claim_job, in the order given (its Steps: the group
+--   lock, predecessor, UNIQUE duplicate, coalescing, group wake-up); then the rows are read.
+-- Locks: those of {{ table }}_claim_job for each id (its group row, waiting at most 3 s, then
+--   the job row). All last until the end of the caller's transaction.
+-- Fencing: every write is conditional on a claimable state; a job claimed elsewhere first is
+--   'unexpected' or 'skipped' here and nothing is written for it.
+-- Errors: none of its own. Idempotent: a second call on the same ids finds them claimed
+--   ('unexpected').
+-- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
+CREATE PROCEDURE {{ table }}_claim_ids(
+    IN p_ids LONGTEXT,
+    IN p_queue VARCHAR(255),
+    IN p_pid INT,
+    IN p_waiting_ms INT,
+    IN p_worker_id BIGINT,
+    IN p_now DATETIME(6)
+)
+MODIFIES SQL DATA
+BEGIN
+    DECLARE v_now DATETIME(6) DEFAULT COALESCE(p_now, UTC_TIMESTAMP(6));
+    DECLARE v_count INT DEFAULT COALESCE(JSON_LENGTH(p_ids), 0);
+    DECLARE v_i INT DEFAULT 0;
+    DECLARE v_id BIGINT UNSIGNED;
+    DECLARE v_outcome VARCHAR(16);
+    DECLARE v_attempt INT;
+    DECLARE v_state SMALLINT;
+    DECLARE v_predecessor BIGINT UNSIGNED;
+    DECLARE v_promoted BIGINT UNSIGNED;
+    -- One object per id; a NULL state or id is stored as -99 or 0 (a JSON null would not read
+    -- back as NULL on every server version).
+    DECLARE v_results LONGTEXT DEFAULT '[]';
+
+    WHILE v_i < v_count DO
+        SET v_id = JSON_EXTRACT(p_ids, CONCAT('$[', v_i, ']'));
+        CALL {{ table }}_claim_job(
+            v_id, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now,
+            v_outcome, v_attempt, v_state, v_predecessor, v_promoted
+        );
+        SET v_results = JSON_ARRAY_APPEND(
+            v_results, '$', JSON_OBJECT(
+                'id', v_id,
+                'outcome', v_outcome,
+                'state', COALESCE(v_state, -99),
+                'predecessor_id', COALESCE(v_predecessor, 0),
+                'promoted_id', COALESCE(v_promoted, 0)
+            )
+        );
+        SET v_i = v_i + 1;
+    END WHILE;
+
+    -- The contract's column order, as on PostgreSQL, hence the noqa.
+    SELECT  -- noqa: ST06
+        r.id,
+        r.outcome,
+        IF(r.outcome = 'claimed', j.number_of_attempts, NULL) AS attempt,
+        NULLIF(r.state, -99) AS state,
+        NULLIF(r.predecessor_id, 0) AS predecessor_id,
+        NULLIF(r.promoted_id, 0) AS promoted_id,
+        j.callback_name,
+        j.parameters_json,
+        j.parameters,
+        j.queue,
+        j.priority,
+        j.serial_group,
+        j.identifier,
+        j.mode,
+        j.coalesce_threshold
+    FROM
+        JSON_TABLE(
+            v_results, '$[*]' COLUMNS (
+                pos FOR ORDINALITY,
+                id BIGINT UNSIGNED PATH '$.id',
+                outcome VARCHAR(16) PATH '$.outcome',
+                state SMALLINT PATH '$.state',
+                predecessor_id BIGINT UNSIGNED PATH '$.predecessor_id',
+                promoted_id BIGINT UNSIGNED PATH '$.promoted_id'
+            )
+        ) AS r
+    LEFT JOIN {{ table }} AS j ON j.id = r.id AND r.outcome <> 'missing'
+    ORDER BY r.pos;
+END
