@@ -15,10 +15,17 @@
 --   outcome, attempt, state, predecessor_id, promoted_id, callback_name, parameters_json,
 --   parameters, queue, priority, serial_group, identifier, mode, coalesce_threshold: as
 --   documented in {{ table }}_claim, for this job.
--- Steps: each id goes through {{ table }}_claim_job, in the order given (its Steps: the group
---   lock, predecessor, UNIQUE duplicate, coalescing, group wake-up); then the rows are read.
--- Locks: those of {{ table }}_claim_job for each id (its group row, waiting at most 3 s, then
---   the job row). All last until the end of the caller's transaction.
+-- Steps: the ungrouped jobs that are not UNIQUE, are in the queue, claimable (-1, 1, 4, 6, 8)
+--   and not paused (macros/rules.sql not_paused) are read with a locking read, then claimed by
+--   one UPDATE of the columns {{ table }}_claim_job writes (PROCESSING, attempts + 1,
+--   last_attempt_at, pid, worker_id; postponed_by, error_message and metadata cleared): for such
+--   a job {{ table }}_claim_job would do exactly that. Every other id goes through
+--   {{ table }}_claim_job, in the order given (the group lock, predecessor, UNIQUE duplicate,
+--   coalescing, group wake-up: its Steps).
+-- Locks: the ungrouped jobs' rows (the locking read waits for a row another transaction holds,
+--   then reads its latest version), then those of {{ table }}_claim_job for each other id (its
+--   group row, waiting at most 3 s, then the job row). All last until the end of the caller's
+--   transaction.
 -- Fencing: every write is conditional on a claimable state; a job claimed elsewhere first is
 --   'unexpected' or 'skipped' here and nothing is written for it.
 -- Errors: none of its own. Idempotent: a second call on the same ids finds them claimed
@@ -35,8 +42,8 @@ CREATE PROCEDURE {{ table }}_claim_ids(
 MODIFIES SQL DATA
 BEGIN
     DECLARE v_now DATETIME(6) DEFAULT COALESCE(p_now, UTC_TIMESTAMP(6));
-    DECLARE v_count INT DEFAULT COALESCE(JSON_LENGTH(p_ids), 0);
-    DECLARE v_i INT DEFAULT 0;
+    DECLARE v_pos INT DEFAULT 0;
+    DECLARE v_next INT;
     DECLARE v_id BIGINT UNSIGNED;
     DECLARE v_outcome VARCHAR(16);
     DECLARE v_attempt INT;
@@ -46,31 +53,71 @@ BEGIN
     -- One object per id; a NULL state or id is stored as -99 or 0 (a JSON null would not read
     -- back as NULL on every server version).
     DECLARE v_results LONGTEXT DEFAULT '[]';
+    DECLARE v_fast LONGTEXT;
 
-    WHILE v_i < v_count DO
-        SET v_id = JSON_EXTRACT(p_ids, CONCAT('$[', v_i, ']'));
-        CALL {{ table }}_claim_job(
-            v_id, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now,
-            v_outcome, v_attempt, v_state, v_predecessor, v_promoted
-        );
-        SET v_results = JSON_ARRAY_APPEND(
-            v_results, '$', JSON_OBJECT(
-                'id', v_id,
-                'outcome', v_outcome,
-                'state', COALESCE(v_state, -99),
-                'predecessor_id', COALESCE(v_predecessor, 0),
-                'promoted_id', COALESCE(v_promoted, 0)
-            )
-        );
-        SET v_i = v_i + 1;
-    END WHILE;
+    -- The ungrouped jobs claim_job would claim, locked (a locking read sees the latest version).
+    SELECT JSON_ARRAYAGG(j.id) INTO v_fast
+    FROM
+        JSON_TABLE(p_ids, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS k
+    INNER JOIN {{ table }} AS j ON j.id = k.id
+    WHERE
+        j.serial_group IS NULL
+        AND j.mode <> 'unique'
+        AND j.state IN (-1, 1, 4, 6, 8)
+        AND {{ in_queue('j') }}
+        AND {{ not_paused('j') }}
+    FOR UPDATE;
+    SET v_fast = COALESCE(v_fast, '[]');
+    -- A multi-table UPDATE (sqlfluff's layout rule does not parse its join, hence the noqa).
+    UPDATE {{ table }} AS j
+    INNER JOIN JSON_TABLE(v_fast, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS k  -- noqa: LT02
+        ON k.id = j.id  -- noqa: LT02
+    SET
+        j.state = 2,
+        j.number_of_attempts = j.number_of_attempts + 1,
+        j.last_attempt_at = v_now,
+        j.pid = p_pid,
+        j.worker_id = p_worker_id,
+        j.postponed_by = NULL,
+        j.error_message = NULL,
+        j.metadata = NULL,
+        j.updated_at = v_now
+    WHERE j.state IN (-1, 1, 4, 6, 8);
 
-    -- The contract's column order, as on PostgreSQL, hence the noqa.
+    -- The other ids, in the order given, through claim_job (MIN: one row even when none is left).
+    IF JSON_LENGTH(v_fast) < JSON_LENGTH(p_ids) THEN
+        slow: LOOP
+            SELECT MIN(k.pos) INTO v_next
+            FROM JSON_TABLE(p_ids, '$[*]' COLUMNS (pos FOR ORDINALITY, id BIGINT UNSIGNED PATH '$')) AS k
+            WHERE k.pos > v_pos AND NOT JSON_CONTAINS(v_fast, CAST(k.id AS CHAR));
+            IF v_next IS NULL THEN
+                LEAVE slow;
+            END IF;
+            SET v_pos = v_next;
+            SET v_id = JSON_EXTRACT(p_ids, CONCAT('$[', v_pos - 1, ']'));
+            CALL {{ table }}_claim_job(
+                v_id, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now,
+                v_outcome, v_attempt, v_state, v_predecessor, v_promoted
+            );
+            SET v_results = JSON_ARRAY_APPEND(
+                v_results, '$', JSON_OBJECT(
+                    'id', v_id,
+                    'outcome', v_outcome,
+                    'state', COALESCE(v_state, -99),
+                    'predecessor_id', COALESCE(v_predecessor, 0),
+                    'promoted_id', COALESCE(v_promoted, 0)
+                )
+            );
+        END LOOP slow;
+    END IF;
+
+    -- An id without a result of claim_job was claimed by the UPDATE. The contract's column
+    -- order, as on PostgreSQL, hence the noqa.
     SELECT  -- noqa: ST06
-        r.id,
-        r.outcome,
-        IF(r.outcome = 'claimed', j.number_of_attempts, NULL) AS attempt,
-        NULLIF(r.state, -99) AS state,
+        k.id,
+        COALESCE(r.outcome, 'claimed') AS outcome,
+        IF(COALESCE(r.outcome, 'claimed') = 'claimed', j.number_of_attempts, NULL) AS attempt,
+        IF(r.id IS NULL, 2, NULLIF(r.state, -99)) AS state,
         NULLIF(r.predecessor_id, 0) AS predecessor_id,
         NULLIF(r.promoted_id, 0) AS promoted_id,
         j.callback_name,
@@ -83,9 +130,10 @@ BEGIN
         j.mode,
         j.coalesce_threshold
     FROM
+        JSON_TABLE(p_ids, '$[*]' COLUMNS (pos FOR ORDINALITY, id BIGINT UNSIGNED PATH '$')) AS k
+    LEFT JOIN
         JSON_TABLE(
             v_results, '$[*]' COLUMNS (
-                pos FOR ORDINALITY,
                 id BIGINT UNSIGNED PATH '$.id',
                 outcome VARCHAR(16) PATH '$.outcome',
                 state SMALLINT PATH '$.state',
@@ -93,6 +141,7 @@ BEGIN
                 promoted_id BIGINT UNSIGNED PATH '$.promoted_id'
             )
         ) AS r
-    LEFT JOIN {{ table }} AS j ON j.id = r.id AND r.outcome <> 'missing'
-    ORDER BY r.pos;
+        ON r.id = k.id
+    LEFT JOIN {{ table }} AS j ON j.id = k.id AND COALESCE(r.outcome, 'claimed') <> 'missing'
+    ORDER BY k.pos;
 END
