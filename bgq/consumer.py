@@ -28,6 +28,7 @@ writer, for the results:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -196,45 +197,65 @@ class _Loop:
         return None
 
     def _claim(self, ids: list[tuple[Delivery, int]]) -> None:
+        """Claim the batch's jobs: `{table}_claim_ids` in one transaction, then each job it
+        deferred (a grouped job after the first) with `{table}_claim` in a transaction of its own
+        (every job that way when on_processing_get_metadata is set: its value is per job); then
+        acknowledge every message whose claim committed and give back the others."""
         executor, procs, cfg = self.executor, self.store.procs, self.config
         # Each id once (a message sent twice, e.g. by the lost-message pass, may come twice in
         # one batch: the copy is acknowledged with it), in id order (every batch locks the job
         # rows in that order).
         job_ids = sorted({job_id for _, job_id in ids})
         waiting_ms, worker_id = cfg.waiting_job_expiration, executor.worker_id
-        metadata: dict[int, str | None] = {}
-
-        def claim(conn: Connection) -> list[ClaimResult]:
-            if cfg.on_processing_get_metadata is None:  # {table}_claim_ids: one call for the batch
-                claimed = procs.claim_ids(conn, job_ids, cfg.queue, self.pid, waiting_ms, worker_id=worker_id)
-                return [c for _, c in claimed]
-            return [
-                procs.claim(conn, i, cfg.queue, self.pid, waiting_ms, metadata[i], worker_id=worker_id)
-                for i in job_ids
-            ]
-
+        claims: dict[int, ClaimResult] = {}
+        failed: set[int] = set()
         claimed_at = time.monotonic()
-        try:
-            if cfg.on_processing_get_metadata is not None:
-                metadata = {job_id: executor.metadata(job_id) for job_id in job_ids}
-            claims = dict(zip(job_ids, executor.retrying(claim), strict=True))
-        except BgqError as exc:  # the claim failed (database down?): give the messages back
-            for delivery, _ in ids:
-                delivery.reject()
-            self.log.critical(f"bgq: Unexpected error occurred. (IDs: {job_ids})", exc_info=exc)
-            time.sleep(POLL_SECONDS)
-            return
+        if cfg.on_processing_get_metadata is None:
+            try:
+                claimed = executor.retrying(
+                    lambda conn: procs.claim_ids(
+                        conn, job_ids, cfg.queue, self.pid, waiting_ms, worker_id=worker_id
+                    )
+                )
+                claims = {i: c for i, c in claimed if c.outcome != "deferred"}
+            except BgqError as exc:  # the claim failed (database down?): give the messages back
+                self.log.critical(f"bgq: Unexpected error occurred. (IDs: {job_ids})", exc_info=exc)
+                failed = set(job_ids)
+        for job_id in job_ids:
+            if job_id in claims or job_id in failed:
+                continue
+            try:
+                metadata = executor.metadata(job_id) if cfg.on_processing_get_metadata else None
+                claims[job_id] = executor.retrying(
+                    functools.partial(
+                        procs.claim,
+                        job_id=job_id,
+                        queue=cfg.queue,
+                        pid=self.pid,
+                        waiting_ms=waiting_ms,
+                        metadata_json=metadata,
+                        worker_id=worker_id,
+                    )  # fmt: skip
+                )
+            except BgqError as exc:
+                self.log.critical(f"bgq: Unexpected error occurred. (ID: {job_id})", exc_info=exc)
+                failed.add(job_id)
         now = time.monotonic()
         held = []
         for job_id, result in claims.items():
             self._follow_up(job_id, result)
             if result.outcome == "claimed":
                 held.append(_Held(job_id, result, claimed_at, now))
-        for delivery, _ in ids:
-            _ack(delivery, self.log)  # the claim, or its refusal, has committed
+        for delivery, job_id in ids:
+            if job_id in failed:
+                delivery.reject()
+            else:
+                _ack(delivery, self.log)  # the claim, or its refusal, has committed
         with self.lock:
             self.handled += len(ids)
             self.held.extend(held)
+        if failed:
+            time.sleep(POLL_SECONDS)
 
     def _follow_up(self, job_id: int, claim: ClaimResult) -> None:
         """Publish what a committed claim calls for (as Executor.process_job does for one job)."""
@@ -307,31 +328,34 @@ class _Loop:
         self.held = keep
 
     def _write(self, batch: list[_Done]) -> None:
-        """Write `batch` in one transaction, then publish what each written result calls for."""
-        executor, procs = self.executor, self.store.procs
-        # No follow-up can come of an ungrouped job without a copy, nor of a give-back: those go
-        # through finish_batch. The others through finish, which returns what to publish; in
-        # (group, id) order, the order finish_batch locks group rows in.
-        plain: list[_Done] = []
-        rich: list[_Done] = []
+        """Write `batch`: the results of ungrouped jobs without a copy in one transaction
+        (`{table}_finish_batch`: nothing is published after them but a give-back's id), every
+        other result in a transaction of its own (`{table}_finish`, which says what to publish:
+        a transaction holding several groups' locks would deadlock with other workers, as the
+        claims' 'deferred' explains); then publish what each written result calls for."""
+        plain = [d for d in batch if d.held.claim.serial_group is None and d.clone_delay_ms is None]
+        if plain:
+            self._write_results(plain)
         for d in batch:
-            simple = d.held.claim.serial_group is None and d.clone_delay_ms is None
-            (plain if d.outcome is None or simple else rich).append(d)
-        rich.sort(key=lambda d: (d.held.claim.serial_group or "", d.held.job_id))
+            if not (d.held.claim.serial_group is None and d.clone_delay_ms is None):
+                self._write_results([d])
+
+    def _write_results(self, batch: list[_Done]) -> None:
+        executor, procs = self.executor, self.store.procs
 
         def write(conn: Connection) -> dict[int, FinishResult]:
-            written = procs.finish_batch(conn, [_result(d) for d in plain])
-            results = {i: FinishResult(w, None, None, None) for i, w in written.items()}
-            for d in rich:
-                outcome = d.outcome
-                assert outcome is not None
-                results[d.held.job_id] = procs.finish(
-                    conn, d.held.job_id, d.held.claim.attempt or 0, int(outcome.state), outcome.error,
-                    outcome.postponed_by, outcome.execution_time,
-                    json.dumps(outcome.memory) if outcome.memory is not None else None,
-                    clone_delay_ms=d.clone_delay_ms,
-                )  # fmt: skip
-            return results
+            (first,) = batch if len(batch) == 1 else (None,)
+            if first is None or first.outcome is None:  # several, or a give-back
+                written = procs.finish_batch(conn, [_result(d) for d in batch])
+                return {i: FinishResult(w, None, None, None) for i, w in written.items()}
+            outcome = first.outcome
+            result = procs.finish(
+                conn, first.held.job_id, first.held.claim.attempt or 0, int(outcome.state), outcome.error,
+                outcome.postponed_by, outcome.execution_time,
+                json.dumps(outcome.memory) if outcome.memory is not None else None,
+                clone_delay_ms=first.clone_delay_ms,
+            )  # fmt: skip
+            return {first.held.job_id: result}
 
         failure = (
             f"bgq: Writing the result failed; retrying. (ID: {batch[0].held.job_id})"

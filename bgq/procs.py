@@ -310,7 +310,8 @@ class Procs:
         now: dt.datetime | None = None, *, worker_id: int | None = None,
     ) -> list[tuple[int, ClaimResult]]:  # fmt: skip
         """Claim each of `job_ids` (distinct) as claim() would, in one call: [(id, its claim)],
-        in the order given."""
+        in the order given; a grouped job after the first is 'deferred' (unchanged: claim it
+        with claim() in a transaction of its own)."""
         if not job_ids:
             return []
         rows = self._call(conn, CLAIM_IDS, json.dumps(list(job_ids)), queue, pid, waiting_ms, worker_id, now)

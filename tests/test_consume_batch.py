@@ -159,10 +159,11 @@ def test_a_group_taken_in_one_batch_runs_in_order_and_one_job_at_a_time(
 
 def test_claim_ids_claims_each_job_as_claim_would_in_one_call(installed):
     """{table}_claim_ids on every kind of id, in the order given: an ungrouped job and a group's
-    head are claimed (the set-based path and claim_job give the same columns), the group's next
-    job waits for the head claimed just before it in the same call, a finished job is skipped, a
-    running one unexpected, a paused group's job paused, an unknown id missing; each result is
-    what {table}_claim returns for such a job."""
+    head are claimed (the set-based path and claim_job give the same columns), a finished job is
+    skipped, a running one unexpected, an unknown id missing, and every grouped job after the
+    first is deferred, unchanged (one group's locks per transaction); each of those, claimed
+    alone, is what {table}_claim returns for it: the group's next job waits, a paused group's
+    job is paused."""
     plain, head, second = new_job(installed), new_job(installed, group="g"), new_job(installed, group="g")
     done, running = new_job(installed), new_job(installed)
     paused = new_job(installed, group="p")
@@ -176,16 +177,20 @@ def test_claim_ids_claims_each_job_as_claim_would_in_one_call(installed):
     assert [job_id for job_id, _ in results] == order
     got = {job_id: r for job_id, r in results}
     assert [got[i].outcome for i in order] == [
-        "claimed", "claimed", "waiting", "skipped", "unexpected", "paused", "missing",
+        "claimed", "claimed", "deferred", "skipped", "unexpected", "deferred", "missing",
     ]  # fmt: skip
-    assert [got[i].state for i in order] == [2, 2, 6, 3, 2, 1, None]
+    assert [got[i].state for i in order] == [2, 2, None, 3, 2, None, None]
     assert (got[plain].attempt, got[head].attempt, got[second].attempt) == (1, 1, None)
-    assert got[second].predecessor_id == head
     assert (got[plain].callback_name, got[plain].queue, got[plain].priority) == ("cb", QUEUE, 1)
-    assert got[head].serial_group == "g" and got[987654].callback_name is None
+    assert got[head].serial_group == "g" and got[second].callback_name is None
     rows = {r["id"]: r for r in installed.sql("SELECT id, state, pid, number_of_attempts FROM {t}")}
     assert (rows[plain]["state"], rows[plain]["pid"], rows[plain]["number_of_attempts"]) == (2, PID, 1)
-    assert rows[second]["state"] == 6
+    assert (rows[second]["state"], rows[paused]["state"]) == (1, 1)  # deferred: unchanged
+    for job_id, outcome, state in ((second, "waiting", 6), (paused, "paused", 1)):
+        with installed.db.transaction() as conn:
+            ((_, alone),) = procs(installed).claim_ids(conn, [job_id], QUEUE, PID, WAITING_MS, T0)
+        assert (alone.outcome, alone.state) == (outcome, state)
+    assert alone.predecessor_id is None
     with installed.db.transaction() as conn:  # a second call changes nothing
         again = procs(installed).claim_ids(conn, [plain, head], QUEUE, PID, WAITING_MS, T0)
     assert [r.outcome for _, r in again] == ["unexpected", "unexpected"]

@@ -14,18 +14,22 @@
 --   id              the job.
 --   outcome, attempt, state, predecessor_id, promoted_id, callback_name, parameters_json,
 --   parameters, queue, priority, serial_group, identifier, mode, coalesce_threshold: as
---   documented in {{ table }}_claim, for this job.
+--   documented in {{ table }}_claim, for this job; one more outcome: 'deferred', a grouped job
+--   after the first one (nothing changed; state NULL): claim it with {{ table }}_claim in a
+--   transaction of its own: a transaction that holds several groups' locks deadlocks with the
+--   claims and finishes of other workers (the order of group rows; on InnoDB, the gap locks of
+--   the running_group index).
 -- Steps: the ungrouped jobs that are not UNIQUE, are in the queue, claimable (-1, 1, 4, 6, 8)
 --   and not paused (macros/rules.sql not_paused) are read with a locking read, then claimed by
 --   one UPDATE of the columns {{ table }}_claim_job writes (PROCESSING, attempts + 1,
 --   last_attempt_at, pid, worker_id; postponed_by, error_message and metadata cleared): for such
 --   a job {{ table }}_claim_job would do exactly that. Every other id goes through
 --   {{ table }}_claim_job, in the order given (the group lock, predecessor, UNIQUE duplicate,
---   coalescing, group wake-up: its Steps).
+--   coalescing, group wake-up: its Steps), except the grouped ones after the first ('deferred').
 -- Locks: the ungrouped jobs' rows (the locking read waits for a row another transaction holds,
---   then reads its latest version), then those of {{ table }}_claim_job for each other id (its
---   group row, waiting at most 3 s, then the job row). All last until the end of the caller's
---   transaction.
+--   then reads its latest version), then those of {{ table }}_claim_job for each other id (one
+--   group row at most, waiting at most 3 s, then the job row). All last until the end of the
+--   caller's transaction.
 -- Fencing: every write is conditional on a claimable state; a job claimed elsewhere first is
 --   'unexpected' or 'skipped' here and nothing is written for it.
 -- Errors: none of its own. Idempotent: a second call on the same ids finds them claimed
@@ -54,6 +58,8 @@ BEGIN
     -- back as NULL on every server version).
     DECLARE v_results LONGTEXT DEFAULT '[]';
     DECLARE v_fast LONGTEXT;
+    DECLARE v_grouped INT DEFAULT 0;
+    DECLARE v_is_grouped INT;
 
     -- The ungrouped jobs claim_job would claim, locked (a locking read sees the latest version).
     SELECT JSON_ARRAYAGG(j.id) INTO v_fast
@@ -95,10 +101,18 @@ BEGIN
             END IF;
             SET v_pos = v_next;
             SET v_id = JSON_EXTRACT(p_ids, CONCAT('$[', v_pos - 1, ']'));
-            CALL {{ table }}_claim_job(
-                v_id, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now,
-                v_outcome, v_attempt, v_state, v_predecessor, v_promoted
-            );
+            SELECT COUNT(*) INTO v_is_grouped
+            FROM {{ table }}
+            WHERE id = v_id AND serial_group IS NOT NULL;
+            IF v_grouped = 1 AND v_is_grouped = 1 THEN
+                SET v_outcome = 'deferred', v_state = NULL, v_predecessor = NULL, v_promoted = NULL;
+            ELSE
+                CALL {{ table }}_claim_job(
+                    v_id, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now,
+                    v_outcome, v_attempt, v_state, v_predecessor, v_promoted
+                );
+                SET v_grouped = GREATEST(v_grouped, v_is_grouped);
+            END IF;
             SET v_results = JSON_ARRAY_APPEND(
                 v_results, '$', JSON_OBJECT(
                     'id', v_id,
@@ -142,6 +156,7 @@ BEGIN
             )
         ) AS r
         ON r.id = k.id
-    LEFT JOIN {{ table }} AS j ON j.id = k.id AND COALESCE(r.outcome, 'claimed') <> 'missing'
+    LEFT JOIN {{ table }} AS j
+        ON j.id = k.id AND COALESCE(r.outcome, 'claimed') NOT IN ('missing', 'deferred')
     ORDER BY k.pos;
 END

@@ -14,16 +14,21 @@
 --   id              the job.
 --   outcome, attempt, state, predecessor_id, promoted_id, callback_name, parameters_json,
 --   parameters, queue, priority, serial_group, identifier, mode, coalesce_threshold: as
---   documented in {{ table }}_claim, for this job.
+--   documented in {{ table }}_claim, for this job; one more outcome: 'deferred', a grouped job
+--   after the first one (nothing changed; state NULL): claim it with {{ table }}_claim in a
+--   transaction of its own: a transaction that holds several groups' locks deadlocks with the
+--   claims and finishes of other workers (the order of group rows; on InnoDB, the gap locks of
+--   the running_group index).
 -- Steps: an ungrouped job that is not UNIQUE, is in the queue, claimable (-1, 1, 4, 6, 8) and not
 --   paused (macros/rules.sql not_paused) is claimed by one UPDATE for all of them, of the columns
 --   {{ table }}_claim_job writes (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id;
 --   postponed_by, error_message and metadata cleared): for such a job {{ table }}_claim_job
 --   would do exactly that. Every other id goes through {{ table }}_claim_job, in the order
---   given (the group lock, predecessor, UNIQUE duplicate, coalescing, group wake-up: its Steps).
+--   given (the group lock, predecessor, UNIQUE duplicate, coalescing, group wake-up: its Steps),
+--   except the grouped ones after the first ('deferred').
 -- Locks: the ungrouped jobs' rows (the UPDATE waits for a row another transaction holds, then
---   re-checks it), then those of {{ table }}_claim_job for each other id (its group row, waiting
---   at most 3 s, then the job row). All last until the end of the caller's transaction.
+--   re-checks it), then those of {{ table }}_claim_job for each other id (one group row at most,
+--   waiting at most 3 s, then the job row). All last until the end of the caller's transaction.
 -- Fencing: every write is conditional on a claimable state; a job claimed elsewhere first is
 --   'unexpected' or 'skipped' here and nothing is written for it.
 -- Errors: none of its own. Idempotent: a second call on the same ids finds them claimed
@@ -71,6 +76,7 @@ DECLARE
     v_states SMALLINT [] := '{}';
     v_predecessors BIGINT [] := '{}';
     v_promoted BIGINT [] := '{}';
+    v_grouped BOOLEAN := FALSE;
     c RECORD;
 BEGIN
     WITH claimed AS (
@@ -102,6 +108,13 @@ BEGIN
             v_states := v_states || 2::SMALLINT;
             v_predecessors := v_predecessors || NULL::BIGINT;
             v_promoted := v_promoted || NULL::BIGINT;
+        ELSIF v_grouped AND EXISTS (
+            SELECT 1 FROM {{ table }} AS j WHERE j.id = v_ids[i] AND j.serial_group IS NOT NULL
+        ) THEN
+            v_outcomes := v_outcomes || 'deferred'::TEXT;
+            v_states := v_states || NULL::SMALLINT;
+            v_predecessors := v_predecessors || NULL::BIGINT;
+            v_promoted := v_promoted || NULL::BIGINT;
         ELSE
             SELECT * INTO c
             FROM {{ table }}_claim_job(v_ids[i], p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now);
@@ -109,6 +122,9 @@ BEGIN
             v_states := v_states || c.o_state;
             v_predecessors := v_predecessors || c.o_predecessor_id;
             v_promoted := v_promoted || c.o_promoted_id;
+            v_grouped := v_grouped OR EXISTS (
+                SELECT 1 FROM {{ table }} AS j WHERE j.id = v_ids[i] AND j.serial_group IS NOT NULL
+            );
         END IF;
     END LOOP;
 
@@ -131,7 +147,7 @@ BEGIN
         j.coalesce_threshold
     FROM UNNEST(v_ids, v_outcomes, v_states, v_predecessors, v_promoted)
         WITH ORDINALITY AS r (id, outcome, state, predecessor_id, promoted_id, pos)
-    LEFT JOIN {{ table }} AS j ON j.id = r.id AND r.outcome <> 'missing'
+    LEFT JOIN {{ table }} AS j ON j.id = r.id AND r.outcome NOT IN ('missing', 'deferred')
     ORDER BY r.pos;
 END;
 $$;
