@@ -1,73 +1,398 @@
-"""`bgq consume`: take job ids from the broker, claim, acknowledge, run, finish; stop gracefully."""
+"""`bgq consume`: job ids from the broker in batches, claimed together, acknowledged, run, written together.
+
+One consumer process runs one job at a time on its main thread and keeps a second thread, the
+writer, for the results:
+
+- Messages: `take_batch` takes up to `size` ids from the most preferred queue that has messages
+  waiting (the control queue first; a batch comes from one queue, so priorities are kept batch by
+  batch). `size` adapts to how long jobs take, so that one batch holds about BATCH_BUDGET
+  seconds of work (1 for slow jobs, up to `batch_max` for fast ones).
+- Claims: every id of a batch is claimed by `{table}_claim` in ONE transaction (one commit for the
+  batch; the procedure and its guarantees are those of a single claim: a duplicate id is
+  'unexpected' or 'skipped', a job behind its group's running job turns WAITING, so two jobs of
+  one group taken together never run together and run in their group's order). Each message is
+  acknowledged once that transaction has committed (README, "What broker mode guarantees"):
+  a crash before the commit loses nothing (RabbitMQ delivers the message again), a crash after it
+  leaves the claimed jobs PROCESSING for the reaper, and a redelivered duplicate finds its job
+  claimed and changes nothing.
+- Results: each job's result goes to the writer thread, which writes whatever has accumulated in
+  one transaction while the main thread runs the next job (group commit): `{table}_finish_batch`
+  for ungrouped jobs without a copy (nothing to publish after them), `{table}_finish` for the
+  others (their promoted successor or copy is published once the transaction has committed).
+- A claimed job that has not started within HOLD_SECONDS (and half of stalled_job_timeout) is
+  given back (state READY, attempts restored) by the writer and its id sent again, so a slow job
+  never holds the rest of its batch hostage. SIGTERM / SIGINT: the running job finishes and its
+  result is written, the unstarted claimed jobs are given back the same way, then the process
+  exits 0.
+"""
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
+import threading
 import time
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.engine import Connection
 
 from .broker import DIE, BrokerError, Consumer, Delivery
 from .errors import BgqError, ConfigError
-from .model import WorkerMode
+from .executor import PAUSED_RETRY_MS
+from .model import ClaimResult, FinishResult, JobResult, JobState, Outcome, WorkerMode
 from .parts import Parts
+from .sender import Message
 from .stopping import GracefulStop
 from .workers import Registry
 
 #: Seconds one take() waits before the loop looks at its stop flag again.
 POLL_SECONDS = 1.0
+BATCH_MAX = 50  # messages one batch takes at most (`bgq consume` prefetch)
+BATCH_BUDGET = 0.05  # seconds of work one batch should hold
+HOLD_SECONDS = 1.0  # a claimed job not started within this is given back
+#: The first estimate of a job's duration: "slow", so the first batch is one message, and the
+#: batches grow as jobs prove fast.
+FIRST_ESTIMATE = BATCH_BUDGET
+
+
+@dataclass
+class _Held:
+    """A claimed job waiting its turn on the main thread."""
+
+    job_id: int
+    claim: ClaimResult
+    claimed_at: float  # time.monotonic() taken before the claim's transaction began
+    held_since: float  # time.monotonic() once the claim had committed: the hold counts from here
+
+
+@dataclass
+class _Done:
+    """A job's result to write."""
+
+    held: _Held
+    outcome: Outcome | None  # None: given back unstarted
+    clone_delay_ms: int | None = None
 
 
 def consume(
-    queue: Parts, sub_queue: str | None, jobs: int, priorities: Sequence[int], stop: GracefulStop
-) -> int:
+    queue: Parts, sub_queue: str | None, jobs: int, priorities: Sequence[int], stop: GracefulStop,
+    *, batch_max: int = BATCH_MAX,
+) -> int:  # fmt: skip
     """Handle `jobs` messages (0: until stopped) and return the process exit code (0)."""
     producer = queue.config.producer
     if producer is None or not hasattr(producer, "consumer"):
         raise ConfigError(
             "consume needs a broker: configure the queue with producer=bgq.broker.rabbitmq.RabbitMQ(...)."
         )
+    if batch_max < 1:
+        raise ConfigError("consume needs a batch of at least 1 message.")
     consumer: Consumer = producer.consumer()
     base = queue.config.queue_name(sub_queue)
-    log = queue.config.logger
-    executor = queue.executor
-    handled = 0
     registry = Registry(queue, WorkerMode.CONSUME, base)  # listed in {table}_worker (bgq/workers.py)
     registry.start()
     queue.reaper.start()  # stalled jobs are reaped without cron (bgq/reaper.py)
     try:
-        while (jobs == 0 or handled < jobs) and not stop.requested and not executor.should_die:
-            queue.scheduler.tick()  # fires due schedules, at most once a second
-            try:
-                delivery = consumer.take(base, priorities, timeout=POLL_SECONDS)
-            except BrokerError as exc:  # the next take() reconnects
-                log.error(f"bgq: The broker connection failed; reconnecting. ({exc})")
-                time.sleep(POLL_SECONDS)
-                continue
-            if delivery is None:
-                continue
-            if delivery.body == DIE:
-                delivery.ack()
-                log.info("bgq: die message received; the consumer exits.")
-                return 0
-            try:
-                job_id = int(delivery.body)
-            except ValueError:
-                log.error(f"bgq: Ignoring a message that is not a job id: {delivery.body[:100]!r}")
-                delivery.ack()
-                continue
-            try:
-                executor.process_job(job_id, on_claimed=functools.partial(_ack, delivery, log))
-            except BgqError as exc:  # the claim failed (database down?): give the message back
-                delivery.reject()
-                log.critical(f"bgq: Unexpected error occurred. (ID: {job_id})", exc_info=exc)
-                time.sleep(POLL_SECONDS)
-            handled += 1
+        with queue.store.database.pinned():
+            _Loop(queue, consumer, base, priorities, stop, jobs, batch_max).run()
     finally:
         queue.reaper.stop()
         registry.stop()
         consumer.close()
     return 0
+
+
+class _Loop:
+    def __init__(
+        self, queue: Parts, consumer: Consumer, base: str, priorities: Sequence[int],
+        stop: GracefulStop, jobs: int, batch_max: int,
+    ) -> None:  # fmt: skip
+        self.queue = queue
+        self.config = queue.config
+        self.store = queue.store
+        self.executor = queue.executor
+        self.log = queue.config.logger
+        self.consumer = consumer
+        self.base = base
+        self.priorities = list(priorities)
+        self.stop = stop
+        self.jobs = jobs
+        self.batch_max = batch_max
+        timeout = self.config.stalled_job_timeout
+        self.hold = min(HOLD_SECONDS, timeout / 2) if timeout else HOLD_SECONDS
+        self.pid = os.getpid()
+        self.handled = 0  # messages handled (`-j N` counts these)
+        self.seconds_per_job = FIRST_ESTIMATE  # a moving average of the jobs' durations
+        self.held: deque[_Held] = deque()
+        self.done: list[_Done] = []
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.closing = False
+
+    # --- main thread ---
+
+    def run(self) -> None:
+        writer = threading.Thread(target=self._writer, name="bgq-consume-writer", daemon=True)
+        writer.start()
+        try:
+            while not self._finished():
+                self.queue.scheduler.tick()  # fires due schedules, at most once a second
+                held = self._next()
+                if held is not None:
+                    self._run(held)
+                    continue
+                if self._take() == "die":
+                    return
+        finally:
+            with self.lock:
+                self.closing = True
+                self.done.extend(_Done(h, None) for h in self.held)
+                self.held.clear()
+                self.wake.notify()
+            writer.join()
+
+    def _finished(self) -> bool:
+        if self.stop.requested or self.executor.should_die:
+            return True
+        with self.lock:
+            return self.jobs != 0 and self.handled >= self.jobs and not self.held
+
+    def _size(self) -> int:
+        size = max(1, min(self.batch_max, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))
+        return size if self.jobs == 0 else max(1, min(size, self.jobs - self.handled))
+
+    def _take(self) -> str | None:
+        """Take a batch of messages, claim their jobs in one transaction, acknowledge them and
+        hold the claimed jobs; "die" when a die message asks the process to exit."""
+        try:
+            deliveries = list(
+                self.consumer.take_batch(self.base, self.priorities, self._size(), POLL_SECONDS)
+            )
+        except BrokerError as exc:  # the next take reconnects
+            self.log.error(f"bgq: The broker connection failed; reconnecting. ({exc})")
+            time.sleep(POLL_SECONDS)
+            return None
+        if not deliveries:
+            return None
+        if deliveries[0].body == DIE:  # a batch comes from one queue: the control queue's
+            for other in deliveries[1:]:
+                other.reject()  # one die message per consumer: the others are for other consumers
+            deliveries[0].ack()
+            self.handled += 1
+            self.log.info("bgq: die message received; the consumer exits.")
+            return "die"
+        ids: list[tuple[Delivery, int]] = []
+        for delivery in deliveries:
+            try:
+                ids.append((delivery, int(delivery.body)))
+            except ValueError:
+                self.log.error(f"bgq: Ignoring a message that is not a job id: {delivery.body[:100]!r}")
+                delivery.ack()
+                self.handled += 1
+        if ids:
+            self._claim(ids)
+        return None
+
+    def _claim(self, ids: list[tuple[Delivery, int]]) -> None:
+        """Claim the batch's jobs: `{table}_claim_ids` in one transaction, then each job it
+        deferred (a grouped job after the first) with `{table}_claim` in a transaction of its own
+        (every job that way when on_processing_get_metadata is set: its value is per job); then
+        acknowledge every message whose claim committed and give back the others."""
+        executor, procs, cfg = self.executor, self.store.procs, self.config
+        # Each id once (a message sent twice, e.g. by the lost-message pass, may come twice in
+        # one batch: the copy is acknowledged with it), in id order (every batch locks the job
+        # rows in that order).
+        job_ids = sorted({job_id for _, job_id in ids})
+        waiting_ms, worker_id = cfg.waiting_job_expiration, executor.worker_id
+        claims: dict[int, ClaimResult] = {}
+        failed: set[int] = set()
+        claimed_at = time.monotonic()
+        if cfg.on_processing_get_metadata is None:
+            try:
+                claimed = executor.retrying(
+                    lambda conn: procs.claim_ids(
+                        conn, job_ids, cfg.queue, self.pid, waiting_ms, worker_id=worker_id
+                    )
+                )
+                claims = {i: c for i, c in claimed if c.outcome != "deferred"}
+            except BgqError as exc:  # the claim failed (database down?): give the messages back
+                self.log.critical(f"bgq: Unexpected error occurred. (IDs: {job_ids})", exc_info=exc)
+                failed = set(job_ids)
+        for job_id in job_ids:
+            if job_id in claims or job_id in failed:
+                continue
+            try:
+                metadata = executor.metadata(job_id) if cfg.on_processing_get_metadata else None
+                claims[job_id] = executor.retrying(
+                    functools.partial(
+                        procs.claim,
+                        job_id=job_id,
+                        queue=cfg.queue,
+                        pid=self.pid,
+                        waiting_ms=waiting_ms,
+                        metadata_json=metadata,
+                        worker_id=worker_id,
+                    )  # fmt: skip
+                )
+            except BgqError as exc:
+                self.log.critical(f"bgq: Unexpected error occurred. (ID: {job_id})", exc_info=exc)
+                failed.add(job_id)
+        now = time.monotonic()
+        held = []
+        for job_id, result in claims.items():
+            self._follow_up(job_id, result)
+            if result.outcome == "claimed":
+                held.append(_Held(job_id, result, claimed_at, now))
+        for delivery, job_id in ids:
+            if job_id in failed:
+                delivery.reject()
+            else:
+                _ack(delivery, self.log)  # the claim, or its refusal, has committed
+        with self.lock:
+            self.handled += len(ids)
+            self.held.extend(held)
+        if failed:
+            time.sleep(POLL_SECONDS)
+
+    def _follow_up(self, job_id: int, claim: ClaimResult) -> None:
+        """Publish what a committed claim calls for (as Executor.process_job does for one job)."""
+        sender = self.executor.sender
+        if claim.promoted_id is not None:
+            sender.send_job(claim.promoted_id)
+        if claim.outcome == "locked" and claim.queue is not None and claim.priority is not None:
+            sender.send([(job_id, claim.queue, claim.priority, None)])  # another worker holds the group
+        if claim.outcome == "paused" and claim.queue is not None and claim.priority is not None:
+            # Its queue or group is paused: the message comes back after a while.
+            sender.send([(job_id, claim.queue, claim.priority, PAUSED_RETRY_MS)])
+        if claim.outcome == "unexpected":
+            self.executor._log_unexpected(job_id, claim.state)
+
+    def _next(self) -> _Held | None:
+        """The next claimed job to run; one that waited longer than `hold` is given back instead."""
+        with self.lock:
+            self._release_stale()
+            if self.done:
+                self.wake.notify()
+            return self.held.popleft() if self.held else None
+
+    def _run(self, held: _Held) -> None:
+        executor = self.executor
+        attempt = held.claim.attempt or 0
+        if not executor.still_ours(held.job_id, attempt, held.claimed_at):
+            return
+        started = time.monotonic()
+        executor.heartbeat.start(held.job_id, attempt, claimed_at=held.claimed_at)
+        try:
+            outcome = executor.run(held.job_id, held.claim)
+        finally:
+            executor.heartbeat.stop()  # cleared before the result is written (SPEC B §1.5)
+        self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - started)
+        with self.lock:
+            self.done.append(_Done(held, outcome, executor.clone_delay(held.claim, outcome)))
+            self.wake.notify()
+        if outcome.die:
+            executor.should_die = True
+
+    # --- writer thread ---
+
+    def _writer(self) -> None:
+        with self.store.database.pinned():
+            while True:
+                with self.lock:
+                    self.wake.wait_for(
+                        lambda: self.done or self.closing or self._stale(), timeout=self.hold / 4
+                    )
+                    self._release_stale()
+                    batch, self.done = self.done, []
+                    closing = self.closing
+                if batch:
+                    self._write(batch)
+                elif closing:
+                    return
+
+    def _stale(self) -> bool:
+        return bool(self.held) and time.monotonic() - self.held[0].held_since > self.hold
+
+    def _release_stale(self) -> None:
+        """Give back claimed jobs that waited too long to start (the lock is held)."""
+        now = time.monotonic()
+        keep: deque[_Held] = deque()
+        for held in self.held:
+            if now - held.held_since > self.hold:
+                self.done.append(_Done(held, None))
+            else:
+                keep.append(held)
+        self.held = keep
+
+    def _write(self, batch: list[_Done]) -> None:
+        """Write `batch`: the results of ungrouped jobs without a copy in one transaction
+        (`{table}_finish_batch`: nothing is published after them but a give-back's id), every
+        other result in a transaction of its own (`{table}_finish`, which says what to publish:
+        a transaction holding several groups' locks would deadlock with other workers, as the
+        claims' 'deferred' explains); then publish what each written result calls for."""
+        plain = [d for d in batch if d.held.claim.serial_group is None and d.clone_delay_ms is None]
+        if plain:
+            self._write_results(plain)
+        for d in batch:
+            if not (d.held.claim.serial_group is None and d.clone_delay_ms is None):
+                self._write_results([d])
+
+    def _write_results(self, batch: list[_Done]) -> None:
+        executor, procs = self.executor, self.store.procs
+
+        def write(conn: Connection) -> dict[int, FinishResult]:
+            (first,) = batch if len(batch) == 1 else (None,)
+            if first is None or first.outcome is None:  # several, or a give-back
+                written = procs.finish_batch(conn, [_result(d) for d in batch])
+                return {i: FinishResult(w, None, None, None) for i, w in written.items()}
+            outcome = first.outcome
+            result = procs.finish(
+                conn, first.held.job_id, first.held.claim.attempt or 0, int(outcome.state), outcome.error,
+                outcome.postponed_by, outcome.execution_time,
+                json.dumps(outcome.memory) if outcome.memory is not None else None,
+                clone_delay_ms=first.clone_delay_ms,
+            )  # fmt: skip
+            return {first.held.job_id: result}
+
+        failure = (
+            f"bgq: Writing the result failed; retrying. (ID: {batch[0].held.job_id})"
+            if len(batch) == 1
+            else f"bgq: Writing {len(batch)} results failed; retrying."
+        )
+        results = executor.persist(write, failure)
+        if results is None:
+            return  # the jobs stay PROCESSING; the reaper gives them back after stalled_job_timeout
+        given_back: list[Message] = []
+        for d in batch:
+            held, result = d.held, results.get(d.held.job_id, FinishResult(False, None, None, None))
+            if d.outcome is not None:
+                executor.after_finish(held.job_id, held.claim, d.outcome, result, d.clone_delay_ms)
+            elif result.finished:  # given back: its message was acknowledged, so it is sent again
+                given_back.append(
+                    (held.job_id, held.claim.queue or self.base, held.claim.priority or 0, None)
+                )
+        if given_back:
+            executor.sender.send(given_back)
+
+
+def _result(done: _Done) -> JobResult:
+    held, outcome = done.held, done.outcome
+    attempt = held.claim.attempt or 0
+    if outcome is None:
+        return JobResult(held.job_id, attempt, int(JobState.READY))
+    return JobResult(
+        held.job_id,
+        attempt,
+        int(outcome.state),
+        outcome.error,
+        outcome.postponed_by,
+        outcome.execution_time,
+        outcome.memory,
+        done.clone_delay_ms,
+    )
 
 
 def _ack(delivery: Delivery, log: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:

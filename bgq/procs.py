@@ -199,6 +199,17 @@ FIRE = Proc(
         ("p_now", "timestamptz"),
     ),
 )
+CLAIM_IDS = Proc(
+    "claim_ids",
+    (
+        ("p_ids", "text"),
+        ("p_queue", "varchar"),
+        ("p_pid", "integer"),
+        ("p_waiting_ms", "integer"),
+        ("p_worker_id", "bigint"),
+        ("p_now", "timestamptz"),
+    ),
+)
 #: Every installed routine, in install order (schema.sql comes first).
 ALL_PROCS: tuple[Proc, ...] = (
     PREDECESSOR,
@@ -232,6 +243,7 @@ ALL_PROCS: tuple[Proc, ...] = (
     SCHEDULE_RETIRE,
     SCHEDULES,
     FIRE,
+    CLAIM_IDS,
 )
 #: Called by the other procedures only, never by Python; installed all the same.
 INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()), Proc("claim_job", ()), Proc("finish_results", ()))
@@ -300,6 +312,18 @@ class Procs:
             promoted_priority=row["promoted_priority"],
             clone_id=row["clone_id"],
         )
+
+    def claim_ids(
+        self, conn: Connection, job_ids: Sequence[int], queue: str, pid: int, waiting_ms: int,
+        now: dt.datetime | None = None, *, worker_id: int | None = None,
+    ) -> list[tuple[int, ClaimResult]]:  # fmt: skip
+        """Claim each of `job_ids` (distinct) as claim() would, in one call: [(id, its claim)],
+        in the order given; a grouped job after the first is 'deferred' (unchanged: claim it
+        with claim() in a transaction of its own)."""
+        if not job_ids:
+            return []
+        rows = self._call(conn, CLAIM_IDS, json.dumps(list(job_ids)), queue, pid, waiting_ms, worker_id, now)
+        return [(int(row.pop("id")), ClaimResult(**row)) for row in rows]
 
     def claim_batch(
         self, conn: Connection, queue: str, limit: int, pid: int, min_priority: int | None,

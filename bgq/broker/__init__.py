@@ -66,6 +66,14 @@ class Consumer(Protocol):
         take().
         """
 
+    def take_batch(
+        self, queue: str, priorities: Sequence[int], limit: int, timeout: float | None = None
+    ) -> Sequence[Delivery]:
+        """Up to `limit` messages, all from the most preferred queue (as take() orders them) that
+        has messages waiting; when all are empty, waits up to `timeout` as take() does ([] on
+        timeout). The consumer holds no message besides those it returned; any neither ack()ed
+        nor reject()ed goes back to its queue at the next take() or take_batch()."""
+
     def close(self) -> None:
         """Close the connection; unacknowledged messages go back to their queues."""
 

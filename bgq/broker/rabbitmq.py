@@ -1,4 +1,4 @@
-"""The RabbitMQ broker (pika BlockingConnection): confirmed publishes of job ids, taken one at a time."""
+"""The RabbitMQ broker (pika BlockingConnection): confirmed publishes of ids, taken singly or in batches."""
 
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ _CONNECTION_DEFAULTS: dict[str, Any] = {
 
 # A lost connection or channel: worth one reconnect.
 _LOST = (pe.AMQPConnectionError, pe.ChannelClosed, pe.ChannelWrongStateError, OSError)
+
+#: take_batch(): a subscription that delivered nothing for this long has given what it will give.
+GAP_SECONDS = 0.02
 
 _PROPERTIES = pika.BasicProperties(content_type="text/plain", delivery_mode=pika.DeliveryMode.Persistent)
 
@@ -347,14 +350,17 @@ class RabbitDelivery:
 
 
 class RabbitConsumer:
-    """Takes one message at a time from '<queue>_0' and '<queue>_<p>', on a connection of its own.
+    """Takes messages from '<queue>_0' and '<queue>_<p>', on a connection of its own.
 
     The connection and its channel live as long as the consumer: queues are declared once (a cache,
     emptied after an error), and a take() with messages waiting is one basic.get per queue, in order
     of preference, until one returns a message (a quorum queue is asked for its message count
-    first). Only when every queue is empty does take() subscribe to all of them (prefetch 1 each)
-    and wait for the first delivery; it cancels those subscriptions before it returns, so a
-    consumer never holds a message other than the one it handed out.
+    first). take_batch() asks each queue for its count, in order of preference, and takes up to
+    `limit` messages from the first that has any through a subscription of its own (prefetch =
+    what it takes), cancelled before it returns. Only when every queue is empty does either
+    subscribe to all of them (prefetch 1 each) and wait for the first delivery; it cancels those
+    subscriptions before it returns, so a consumer never holds a message other than those it
+    handed out.
     """
 
     def __init__(self, url: str, topology: _Topology) -> None:
@@ -363,8 +369,9 @@ class RabbitConsumer:
         self._topology = topology
         self._connection: BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
-        self._delivery: RabbitDelivery | None = None  # the last one handed out
+        self._handed: list[RabbitDelivery] = []  # the last ones handed out
         self._waiting: set[str] = set()  # queues whose last basic.get-ok counted more messages
+        self._prefetch = 0  # the channel's basic.qos prefetch_count (0: not set yet)
         self._pid = os.getpid()
 
     def __repr__(self) -> str:
@@ -373,14 +380,32 @@ class RabbitConsumer:
     def take(
         self, queue: str, priorities: Sequence[int], timeout: float | None = None
     ) -> RabbitDelivery | None:
+        deliveries = self._take(queue, priorities, 1, timeout)
+        return deliveries[0] if deliveries else None
+
+    def take_batch(
+        self, queue: str, priorities: Sequence[int], limit: int, timeout: float | None = None
+    ) -> list[RabbitDelivery]:
+        """Up to `limit` messages, all from one queue: the first in the order of preference of
+        take() ('<queue>_0', then each priority in the order given) that has messages waiting,
+        in the order it delivered them. When every queue is empty, waits up to `timeout` (None:
+        for ever) for the first message as take() does, and returns it with any message of the
+        same queue that arrived together ([] on timeout). The consumer holds no message besides
+        those it returned; one neither ack()ed nor reject()ed goes back to its queue at the next
+        take() or take_batch()."""
+        return self._take(queue, priorities, max(1, limit), timeout)
+
+    def _take(
+        self, queue: str, priorities: Sequence[int], limit: int, timeout: float | None
+    ) -> list[RabbitDelivery]:
         self._abandon_if_forked()
-        # A delivery left unsettled by the caller goes back to its queue now (before the basic.get
-        # below on the same channel, so this take may return it again).
-        if self._delivery is not None:
-            if not self._delivery.settled:
-                self._delivery.reject()
-                self._waiting.add(self._delivery.queue)
-            self._delivery = None
+        # Deliveries left unsettled by the caller go back to their queue now (before the
+        # basic.get below on the same channel, so this take may return them again).
+        for delivery in self._handed:
+            if not delivery.settled:
+                delivery.reject()
+                self._waiting.add(delivery.queue)
+        self._handed = []
         wanted = [CONTROL_PRIORITY, *(p for p in priorities if p != CONTROL_PRIORITY)]
         wanted = list(dict.fromkeys(wanted))
         names = [queue_with_priority(queue, p) for p in wanted]
@@ -392,9 +417,12 @@ class RabbitConsumer:
                 channel = self._ensure_channel()
                 for name in names:
                     self._topology.ensure(channel, name)
-                found = self._get_first(channel, names)
-                if found is None:
-                    found = self._wait(channel, names, deadline)
+                found = (
+                    self._get_first(channel, names) if limit == 1 else self._get_many(channel, names, limit)
+                )
+                if not found:
+                    first = self._wait(channel, names, deadline)
+                    found = [] if first is None else [first]
                 break
             except pe.ChannelClosedByBroker as exc:
                 failure = BrokerError(
@@ -421,26 +449,25 @@ class RabbitConsumer:
         else:
             assert failure is not None
             raise failure
-        if found is None:
-            return None
-        index, delivery_tag, body = found
-        self._delivery = RabbitDelivery(
-            channel, delivery_tag, body.decode("utf-8", "replace"), wanted[index], names[index]
-        )
-        return self._delivery
+        self._handed = [
+            RabbitDelivery(channel, tag, body.decode("utf-8", "replace"), wanted[index], names[index])
+            for index, tag, body in found
+        ]
+        return list(self._handed)
 
     def close(self) -> None:
         """Close the connection; an unsettled delivery goes back to its queue."""
         self._abandon_if_forked()
-        self._delivery = None
+        self._handed = []
         self._drop_channel()
         connection, self._connection = self._connection, None
         _close_quietly(connection)
 
     # --- internals ---
 
-    def _get_first(self, channel: BlockingChannel, names: list[str]) -> tuple[int, int, bytes] | None:
-        """basic.get on each queue in order: (index in `names`, delivery tag, body) of the first message.
+    def _get_first(self, channel: BlockingChannel, names: list[str]) -> list[tuple[int, int, bytes]]:
+        """basic.get on each queue in order: [(index in `names`, delivery tag, body)] of the first
+        message ([]: none).
 
         On a quorum queue every basic.get, an empty one too, is a command through the Raft log (about
         three times the cost of a passive queue.declare, which reads the leader's message count). So a
@@ -456,8 +483,51 @@ class RabbitConsumer:
             else:
                 self._waiting.add(name)
             if method is not None:
-                return index, method.delivery_tag, body or b""
-        return None
+                return [(index, method.delivery_tag, body or b"")]
+        return []
+
+    def _get_many(
+        self, channel: BlockingChannel, names: list[str], limit: int
+    ) -> list[tuple[int, int, bytes]]:
+        """Up to `limit` messages of the first queue in `names` that has messages waiting (a
+        passive queue.declare reads each count): a subscription with prefetch = what it takes,
+        cancelled once that many arrived or none came for GAP_SECONDS (another consumer took
+        the rest). One message is a basic.get. Deliveries pika has not dispatched yet when the
+        subscription is cancelled go back to the queue (pika rejects them with requeue)."""
+        for index, name in enumerate(names):
+            count = channel.queue_declare(name, passive=True).method.message_count
+            if count == 0:
+                continue
+            want = min(limit, count)
+            if want == 1:
+                method, _properties, body = channel.basic_get(name, auto_ack=False)
+                if method is None:
+                    continue
+                return [(index, method.delivery_tag, body or b"")]
+            arrived: list[tuple[int, int, bytes]] = []
+
+            def on_message(
+                _ch: Any, method: Any, _props: Any, body: bytes, index: int = index,
+                arrived: list[tuple[int, int, bytes]] = arrived,
+            ) -> None:  # fmt: skip
+                arrived.append((index, method.delivery_tag, body or b""))
+
+            self._qos(channel, want)
+            tag = channel.basic_consume(name, on_message, auto_ack=False)
+            connection = channel.connection
+            last = time.monotonic()
+            while len(arrived) < want:
+                before = len(arrived)
+                connection.process_data_events(time_limit=GAP_SECONDS)
+                now = time.monotonic()
+                if len(arrived) > before:
+                    last = now
+                elif now - last >= GAP_SECONDS:
+                    break
+            channel.basic_cancel(tag)
+            if arrived:
+                return arrived
+        return []
 
     def _wait(
         self, channel: BlockingChannel, names: list[str], deadline: float | None
@@ -471,6 +541,7 @@ class RabbitConsumer:
             return None
         arrived: list[tuple[int, int, bytes]] = []
         tags = []
+        self._qos(channel, 1)  # one message per subscription
         for index, name in enumerate(names):
 
             def on_message(_ch: Any, method: Any, _props: Any, body: bytes, index: int = index) -> None:
@@ -499,7 +570,7 @@ class RabbitConsumer:
         if self._pid != os.getpid():
             # A forked child shares the parent's socket: abandon it (and the parent's delivery)
             # without closing or settling anything, which would act on the parent's connection.
-            self._connection, self._channel, self._delivery, self._pid = None, None, None, os.getpid()
+            self._connection, self._channel, self._handed, self._pid = None, None, [], os.getpid()
 
     def _ensure_channel(self) -> BlockingChannel:
         # A job may run for hours between two take() calls; if the broker dropped the connection
@@ -509,8 +580,15 @@ class RabbitConsumer:
             self._connection = pika.BlockingConnection(self._parameters)
         if self._channel is None or not self._channel.is_open:
             self._channel = self._connection.channel()
-            self._channel.basic_qos(prefetch_count=1)  # per subscription of _wait(): one message each
+            self._prefetch = 0
         return self._channel
+
+    def _qos(self, channel: BlockingChannel, prefetch: int) -> None:
+        """Make `prefetch` the limit of the channel's next subscriptions (basic.qos applies to
+        the consumers created after it), unless it is already."""
+        if self._prefetch != prefetch:
+            channel.basic_qos(prefetch_count=prefetch)
+            self._prefetch = prefetch
 
     def _drop_channel(self) -> None:
         channel, self._channel = self._channel, None

@@ -529,3 +529,75 @@ def test_argument_needles_match_substrings() -> None:
         "x-single-active-consumer": True,
     }
     assert topology.arguments_for("app_general_1") == {"x-queue-type": "quorum"}
+
+
+# --- take_batch: several messages at once (bgq consume's prefetch) ---
+
+
+@QUEUE_TYPES
+def test_take_batch_takes_up_to_its_limit_from_the_most_preferred_queue_only(
+    rabbit: Rabbit, queue_arguments
+) -> None:
+    """A batch comes from one queue, the most preferred with messages waiting, in delivery order;
+    what it did not take stays in the queues, and the next batches take it in order of preference."""
+    broker, q = rabbit.broker(queue_arguments=queue_arguments), rabbit.name()
+    for job_id in (21, 22):
+        broker.publish(job_id, q, 2)
+    for job_id in (11, 12, 13, 14, 15):
+        broker.publish(job_id, q, 1)
+    consumer = rabbit.consumer(broker)
+    batches = []
+    while batch := consumer.take_batch(q, [1, 2], 3, timeout=0.2):
+        batches.append([(d.body, d.priority) for d in batch])
+        if len(batches) == 1:
+            assert rabbit.count_eventually(f"{q}_1", 2) == 2  # the rest stays for other consumers
+            assert rabbit.count(f"{q}_2") == 2
+        for delivery in batch:
+            delivery.ack()
+    assert batches == [
+        [("11", 1), ("12", 1), ("13", 1)],
+        [("14", 1), ("15", 1)],
+        [("21", 2), ("22", 2)],
+    ]
+    assert [rabbit.consumers(f"{q}_{p}") for p in (0, 1, 2)] == [0, 0, 0]  # no subscription left
+
+
+def test_take_batch_puts_the_control_queue_first(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    broker.publish(11, q, 1)
+    broker.publish_die(q)
+    batch = rabbit.consumer(broker).take_batch(q, [1], 10, timeout=2)
+    assert [(d.body, d.priority) for d in batch] == [("die", 0)]
+    batch[0].ack()
+    assert rabbit.count_eventually(f"{q}_1", 1) == 1
+
+
+def test_take_batch_on_empty_queues_waits_for_the_first_message(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    rabbit.queues.add(f"{q}_1_200")
+    consumer = rabbit.consumer(broker)
+    assert consumer.take_batch(q, [1], 10, timeout=0.05) == []
+    broker.publish(7, q, 1, delay_ms=200)  # arrives while take_batch waits
+    batch = consumer.take_batch(q, [1], 10, timeout=3)
+    assert [d.body for d in batch] == ["7"]
+    batch[0].ack()
+
+
+def test_unsettled_messages_of_a_batch_go_back_at_the_next_take(rabbit: Rabbit) -> None:
+    """A consumer holds nothing but what it handed out: a batch left unsettled is returned to its
+    queue before the next take looks, so that take finds it again; a second consumer can take
+    what the first one holds only once it is returned."""
+    broker, q = rabbit.broker(), rabbit.name()
+    for job_id in (1, 2, 3):
+        broker.publish(job_id, q, 1)
+    consumer = rabbit.consumer(broker)
+    first = consumer.take_batch(q, [1], 2, timeout=2)
+    assert [d.body for d in first] == ["1", "2"]
+    first[0].ack()
+    other = rabbit.consumer(broker).take_batch(q, [1], 5, timeout=0.5)
+    assert [d.body for d in other] == ["3"]
+    other[0].ack()
+    again = consumer.take_batch(q, [1], 5, timeout=2)
+    assert [d.body for d in again] == ["2"]
+    again[0].ack()
+    assert rabbit.count_eventually(f"{q}_1", 0) == 0

@@ -360,6 +360,7 @@ _RESULT_CALLS = {
     "broker_failed": lambda c: (c.job, "headers", T0),
     "claim": lambda c: (c.job, QUEUE, PID, 1000, None, None, T0),
     "claim_batch": lambda c: (QUEUE, 10, PID, None, None, None, 1000, None, T0),
+    "claim_ids": lambda c: (json.dumps([c.job]), QUEUE, PID, 1000, None, T0),
     "clear_finished": lambda c: (QUEUE, None, T0),
     "due_jobs": lambda c: (QUEUE, 0, 10, T0),
     "finish": lambda c: (c.running, c.attempt, 3, None, None, None, None, None, T0),

@@ -1,0 +1,196 @@
+"""`bgq consume` in batches (RabbitMQ, both dialects): one claim transaction per batch, acknowledged
+after it commits, a kill between that commit and the acknowledgements runs nothing twice, a serial
+group taken in one batch still runs in order and one job at a time."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections import Counter
+
+import bgq.consumer
+from bgq import JobState
+from bgq.stopping import GracefulStop
+from tests.conftest import AMQP_URL
+from tests.support import ledger_worker
+from tests.support.helpers import PID, QUEUE, T0, WAITING_MS, claimed, new_job, procs, set_row, state_of
+
+
+def _wait_for(predicate, seconds=60.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _full_batches() -> None:
+    """Jobs are taken for fast from the start: the first batch is as large as batch_max allows."""
+    bgq.consumer.FIRST_ESTIMATE = 1e-6
+
+
+def consume_in_batches(url, table, ledger, amqp_url, base, jobs=0, stalled=0) -> None:
+    """A consumer process whose batches are full from its first take."""
+    _full_batches()
+    ledger_worker.consume_ledger(url, table, ledger, amqp_url, base, jobs, stalled)
+
+
+def consume_then_die_before_acking(url, table, ledger, amqp_url, base) -> None:
+    """A consumer process killed (SIGKILL) once its first batch's claim has committed, before it
+    acknowledged any of the batch's messages."""
+    _full_batches()
+
+    def die(_delivery, _log) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    bgq.consumer._ack = die
+    ledger_worker.consume_ledger(url, table, ledger, amqp_url, base)
+
+
+def _process(target, *args):
+    process = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    process.start()
+    return process
+
+
+def test_a_batch_is_claimed_in_one_transaction_and_acknowledged_after_it(
+    broker_queue, rabbit, installed, monkeypatch
+):
+    """Ten messages taken together: their ten claims run in ONE transaction of the consumer (one
+    call of {table}_claim_ids), and every message is acknowledged only once it has committed."""
+    monkeypatch.setattr(bgq.consumer, "FIRST_ESTIMATE", 1e-6)
+    queue = broker_queue(callbacks={"noop": lambda: None})
+    ids = [queue.publish("noop") for _ in range(10)]
+    executor, calls = queue.executor, queue.store.procs
+    claims_per_transaction: list[int] = []
+    events: list[str] = []
+    claim_ids, retrying, ack = calls.claim_ids, executor.retrying, bgq.consumer._ack
+
+    def counting_claim_ids(conn, job_ids, *args, **kwargs):
+        claims_per_transaction[-1] += len(job_ids)
+        return claim_ids(conn, job_ids, *args, **kwargs)
+
+    def counting_retrying(call):
+        claims_per_transaction.append(0)
+        result = retrying(call)
+        events.append("committed")
+        return result
+
+    def recording_ack(delivery, log):
+        events.append("ack")
+        assert state_of(installed, int(delivery.body)) == JobState.PROCESSING  # the claim is visible
+        ack(delivery, log)
+
+    monkeypatch.setattr(calls, "claim_ids", counting_claim_ids)
+    monkeypatch.setattr(executor, "retrying", counting_retrying)
+    monkeypatch.setattr(bgq.consumer, "_ack", recording_ack)
+    with GracefulStop() as stop:
+        assert bgq.consumer.consume(queue, None, 10, [1], stop, batch_max=10) == 0
+    assert [c for c in claims_per_transaction if c] == [10]
+    assert events == ["committed"] + ["ack"] * 10
+    assert all(state_of(installed, i) == JobState.FINISHED for i in ids)
+    assert _wait_for(lambda: rabbit.count(f"{rabbit.base}_1") == 0, 10)
+
+
+def test_a_consumer_killed_between_the_claim_commit_and_the_acks_runs_no_job_twice(
+    broker_queue, rabbit, installed, ledger
+):
+    """The victim claims a batch of five and is killed before it acknowledges any: the five
+    messages come back, the survivor finds the jobs PROCESSING (claimed: 'unexpected') and drops
+    the copies; its reaper gives the jobs back after stalled_job_timeout and each runs once."""
+    queue = broker_queue(callbacks={"ledger": ledger_worker.ledger_job})
+    ids = [queue.publish("ledger", [f"k{i}"]) for i in range(5)]
+    victim = _process(
+        consume_then_die_before_acking, installed.url, installed.table, ledger, AMQP_URL, rabbit.base
+    )
+    victim.join(60)
+    assert victim.exitcode == -signal.SIGKILL
+    assert [state_of(installed, i) for i in ids] == [JobState.PROCESSING] * 5
+    assert ledger_worker.read_ledger(installed.url, ledger) == []
+    assert _wait_for(lambda: rabbit.count(f"{rabbit.base}_1") == 5, 10)  # unacknowledged: back
+    survivor = _process(
+        consume_in_batches, installed.url, installed.table, ledger, AMQP_URL, rabbit.base, 0, 2
+    )
+    try:
+        assert _wait_for(lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids), 90)
+    finally:
+        survivor.terminate()
+        survivor.join(30)
+    assert survivor.exitcode == 0
+    starts = Counter(
+        token for _, token, _, event in ledger_worker.read_ledger(installed.url, ledger) if event == "start"
+    )
+    assert starts == {f"k{i}": 1 for i in range(5)}
+
+
+def test_a_group_taken_in_one_batch_runs_in_order_and_one_job_at_a_time(
+    broker_queue, rabbit, installed, ledger
+):
+    """Seed Test 6 with batches: the group's priority-1 jobs reach one consumer in one batch (its
+    claims in one transaction make all but the head WAITING), two consumers, order a b d e g c f,
+    never two jobs of the group at once."""
+    queue = broker_queue(callbacks={"ledger": ledger_worker.ledger_job})
+    ids = [
+        queue.publish("ledger", [m[0], "demo"], serial_group="demo", priority=int(m[1]))
+        for m in ("a1", "b1", "c2", "d1", "e1", "f2", "g1")
+    ]
+    procs = [
+        _process(consume_in_batches, installed.url, installed.table, ledger, AMQP_URL, rabbit.base)
+        for _ in range(2)
+    ]
+    try:
+        assert _wait_for(lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids))
+        for _ in range(2):
+            queue.config.producer.publish_die(rabbit.base)
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            p.kill() if p.is_alive() else None
+    events = ledger_worker.read_ledger(installed.url, ledger)
+    assert [token for _, token, _, event in events if event == "start"] == list("abdegcf")
+    for i in range(0, len(events), 2):
+        assert events[i][3] == "start" and events[i + 1][3] == "end" and events[i][1] == events[i + 1][1]
+
+
+def test_claim_ids_claims_each_job_as_claim_would_in_one_call(installed):
+    """{table}_claim_ids on every kind of id, in the order given: an ungrouped job and a group's
+    head are claimed (the set-based path and claim_job give the same columns), a finished job is
+    skipped, a running one unexpected, an unknown id missing, and every grouped job after the
+    first is deferred, unchanged (one group's locks per transaction); each of those, claimed
+    alone, is what {table}_claim returns for it: the group's next job waits, a paused group's
+    job is paused."""
+    plain, head, second = new_job(installed), new_job(installed, group="g"), new_job(installed, group="g")
+    done, running = new_job(installed), new_job(installed)
+    paused = new_job(installed, group="p")
+    set_row(installed, done, state=3)
+    claimed(installed, running)
+    with installed.db.transaction() as conn:
+        procs(installed).pause(conn, "group", "p", "tests", "tests", T0)
+    order = [plain, head, second, done, running, paused, 987654]
+    with installed.db.transaction() as conn:
+        results = procs(installed).claim_ids(conn, order, QUEUE, PID, WAITING_MS, T0, worker_id=None)
+    assert [job_id for job_id, _ in results] == order
+    got = {job_id: r for job_id, r in results}
+    assert [got[i].outcome for i in order] == [
+        "claimed", "claimed", "deferred", "skipped", "unexpected", "deferred", "missing",
+    ]  # fmt: skip
+    assert [got[i].state for i in order] == [2, 2, None, 3, 2, None, None]
+    assert (got[plain].attempt, got[head].attempt, got[second].attempt) == (1, 1, None)
+    assert (got[plain].callback_name, got[plain].queue, got[plain].priority) == ("cb", QUEUE, 1)
+    assert got[head].serial_group == "g" and got[second].callback_name is None
+    rows = {r["id"]: r for r in installed.sql("SELECT id, state, pid, number_of_attempts FROM {t}")}
+    assert (rows[plain]["state"], rows[plain]["pid"], rows[plain]["number_of_attempts"]) == (2, PID, 1)
+    assert (rows[second]["state"], rows[paused]["state"]) == (1, 1)  # deferred: unchanged
+    for job_id, outcome, state in ((second, "waiting", 6), (paused, "paused", 1)):
+        with installed.db.transaction() as conn:
+            ((_, alone),) = procs(installed).claim_ids(conn, [job_id], QUEUE, PID, WAITING_MS, T0)
+        assert (alone.outcome, alone.state) == (outcome, state)
+    assert alone.predecessor_id is None
+    with installed.db.transaction() as conn:  # a second call changes nothing
+        again = procs(installed).claim_ids(conn, [plain, head], QUEUE, PID, WAITING_MS, T0)
+    assert [r.outcome for _, r in again] == ["unexpected", "unexpected"]
