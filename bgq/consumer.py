@@ -7,14 +7,16 @@ writer, for the results:
   waiting (the control queue first; a batch comes from one queue, so priorities are kept batch by
   batch). `size` adapts to how long jobs take, so that one batch holds about BATCH_BUDGET
   seconds of work (1 for slow jobs, up to `batch_max` for fast ones).
-- Claims: every id of a batch is claimed by `{table}_claim` in ONE transaction (one commit for the
-  batch; the procedure and its guarantees are those of a single claim: a duplicate id is
-  'unexpected' or 'skipped', a job behind its group's running job turns WAITING, so two jobs of
-  one group taken together never run together and run in their group's order). Each message is
-  acknowledged once that transaction has committed (README, "What broker mode guarantees"):
-  a crash before the commit loses nothing (RabbitMQ delivers the message again), a crash after it
-  leaves the claimed jobs PROCESSING for the reaper, and a redelivered duplicate finds its job
-  claimed and changes nothing.
+- Claims: the batch's ids are claimed by `{table}_claim_ids` in ONE transaction (ungrouped jobs
+  by one set-based write; the first grouped job through `{table}_claim_job`, as a single claim);
+  every later grouped job of the batch is 'deferred' and claimed by `{table}_claim` in a
+  transaction of its own, so one transaction never holds two groups' locks. A duplicate id is
+  'unexpected' or 'skipped', a job behind its group's running job turns WAITING: two jobs of one
+  group taken together never run together and run in their group's order. Each message is
+  acknowledged once the transaction that claimed (or refused) its job has committed (README,
+  "What broker mode guarantees"): a crash before the commit loses nothing (RabbitMQ delivers the
+  message again), a crash after it leaves the claimed jobs PROCESSING for the reaper, and a
+  redelivered duplicate finds its job claimed and changes nothing.
 - Results: each job's result goes to the writer thread, which writes whatever has accumulated in
   one transaction while the main thread runs the next job (group commit): `{table}_finish_batch`
   for ungrouped jobs without a copy (nothing to publish after them), `{table}_finish` for the
