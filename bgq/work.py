@@ -33,6 +33,7 @@ writer, for bookkeeping:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -229,7 +230,10 @@ class _Worker:
     def _idle(self, waker: Waker | None, idle: float) -> Waker | None:
         """Wait for work until a waker says jobs were published, or for `idle` seconds (`poll`
         with a waker that also wakes on released jobs); in slices of at most STOP_CHECK seconds,
-        so SIGTERM ends an idle worker promptly. A broken waker is replaced after `poll` seconds."""
+        so SIGTERM ends an idle worker promptly. A broken waker is replaced at the next wait."""
+        if waker is None and self.limit is None:  # the last one broke: open another (or poll)
+            with contextlib.suppress(Exception):
+                waker = self.store.procs.waker()
         deadline = time.monotonic() + (self.poll if waker is not None and waker.wakes_on_release else idle)
         try:
             while not self.stop.requested:
@@ -241,15 +245,12 @@ class _Worker:
                 elif waker.wait(min(left, STOP_CHECK)):
                     break
             return waker
-        except Exception as exc:  # the waker's connection broke: poll until a new one opens
+        except Exception as exc:  # the waker's connection broke: wait `poll`, then claim
             self.log.warning(f"bgq: The wake-up connection failed; reconnecting. ({exc})")
             if waker is not None:
                 waker.close()
             time.sleep(self.poll)
-            try:
-                return self.store.procs.waker()
-            except Exception:
-                return None
+            return None
 
     def _size(self) -> int:
         size = max(1, min(self.batch_max, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))
