@@ -599,8 +599,9 @@ def test_cli_an_idle_worker_starts_a_new_job_at_once(make_queue, installed, cli)
     that only polled would start each of these jobs within 1 s with probability 1/WAKE_POLL."""
     runner = cli()
     queue = make_queue(callbacks={"ledger": work_app.ledger}, priorities=[1, 2, 3])
+    queue.publish("ledger", ["warm"])  # the publisher's first call checks the install: not timed
     proc = runner.start("work", "--poll", str(WAKE_POLL))
-    runner.wait_ready(1)
+    _started_at(runner, "warm")
     took = []
     for n in range(3):
         time.sleep(WAKE_POLL + 0.5)  # idle longer than --poll
@@ -618,8 +619,9 @@ def test_cli_an_idle_worker_starts_a_postponed_job_once_due(make_queue, installe
     claims, at most --poll (1 s) apart, find it; not before it is due."""
     runner = cli()
     queue = make_queue(callbacks={"ledger": work_app.ledger}, priorities=[1, 2, 3])
+    queue.publish("ledger", ["warm"])  # the publisher's first call checks the install: not timed
     proc = runner.start("work", "--poll", "1")
-    runner.wait_ready(1)
+    _started_at(runner, "warm")
     time.sleep(1.5)  # idle: claims are --poll apart now
     published = time.time()
     queue.publish("ledger", ["due"], postpone_by=dt.timedelta(seconds=2))
