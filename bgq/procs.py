@@ -806,8 +806,8 @@ class Waker(Protocol):
     def close(self) -> None: ...
 
 
-#: Prober: seconds between two reads of the newest id (MAX(id) costs the server about one round
-#: trip, tens of microseconds: docs/benchmarks.md has the idle load this adds).
+#: Prober: seconds between two reads of the newest id. A read costs the server what `SELECT 1`
+#: does (one round trip, ~60-120 us of mariadbd CPU): about 1.5-2 % of a core per idle worker.
 PROBE_SECONDS = 0.005
 
 
