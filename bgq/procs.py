@@ -830,11 +830,15 @@ class Prober:
         assert driver is not None  # a fresh raw connection holds its driver connection
         raw.detach()  # this connection never goes back to the pool
         self._conn: Any = driver
-        self._conn.rollback()
-        self._conn.autocommit(True)
         self._sql = f"SELECT MAX(id) FROM {table}"
         self._every = every
-        self._last = self._read()
+        try:
+            self._conn.rollback()
+            self._conn.autocommit(True)
+            self._last = self._read()
+        except Exception:
+            self.close()  # the connection is detached: nobody else would close it
+            raise
 
     def _read(self) -> Any:
         with self._conn.cursor() as cursor:
