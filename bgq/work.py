@@ -21,8 +21,10 @@ writer, for bookkeeping:
 - A claimed job that has not started within HOLD_SECONDS (and half of stalled_job_timeout) is
   given back (state READY, attempts restored) by the writer, so a slow job never holds others
   hostage and the reaper never finds a claimed-but-unstarted job.
-- Idle: PostgreSQL waits on LISTEN (the insert trigger NOTIFYs) up to `poll` seconds; MySQL
-  polls, starting at POLL_MIN seconds and doubling up to `poll`.
+- Idle: PostgreSQL waits on LISTEN (the insert trigger and released jobs NOTIFY) up to `poll`
+  seconds. MySQL has no NOTIFY: its waker reads the table's newest id every few milliseconds
+  (procs.Prober) and ends the wait when it moved; released jobs, jobs handed back and jobs due by
+  time are found by claims that start POLL_MIN seconds apart and double up to `poll`.
 - Stalled jobs (a killed worker's) are reaped by the queue's Reaper on a thread of its own, every
   few seconds (bgq/reaper.py): no cron run is needed for that.
 - SIGTERM / SIGINT: the running job finishes and its result is written, unstarted claimed jobs
@@ -31,6 +33,7 @@ writer, for bookkeeping:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -43,7 +46,7 @@ from sqlalchemy.engine import Connection
 from .errors import BgqError, ConfigError
 from .model import Claimed, FinishResult, JobResult, JobState, Outcome, WorkerMode
 from .parts import Parts
-from .procs import Listener
+from .procs import Waker
 from .stopping import GracefulStop
 from .workers import Registry
 
@@ -175,7 +178,7 @@ class _Worker:
         return self.ran
 
     def _loop(self) -> None:
-        listener = None if self.limit is not None else self.store.procs.listener()
+        waker = None if self.limit is not None else self.store.procs.waker()
         writer = threading.Thread(target=self._writer, name="bgq-work-writer", daemon=True)
         writer.start()
         idle = POLL_MIN
@@ -208,7 +211,7 @@ class _Worker:
                         break
                     time.sleep(POLL_MIN * 2)
                     continue
-                listener = self._idle(listener, idle)
+                waker = self._idle(waker, idle)
                 idle = min(idle * 2, self.poll)
         finally:
             with self.lock:
@@ -217,8 +220,8 @@ class _Worker:
                 self.held.clear()
                 self.wake.notify()
             writer.join()
-            if listener is not None:
-                listener.close()
+            if waker is not None:
+                waker.close()
 
     def _remaining(self) -> int | None:
         """How many more jobs this worker may claim (None: no bound); 0 past the deadline."""
@@ -232,29 +235,30 @@ class _Worker:
     def _spent(self) -> bool:
         return self._remaining() == 0
 
-    def _idle(self, listener: Listener | None, idle: float) -> Listener | None:
-        """Wait for work: on LISTEN (PostgreSQL) up to `poll` seconds, else `idle` seconds; in
-        slices of at most STOP_CHECK seconds, so SIGTERM ends an idle worker promptly."""
-        deadline = time.monotonic() + (idle if listener is None else self.poll)
+    def _idle(self, waker: Waker | None, idle: float) -> Waker | None:
+        """Wait for work until a waker says jobs were published, or for `idle` seconds (`poll`
+        with a waker that also wakes on released jobs); in slices of at most STOP_CHECK seconds,
+        so SIGTERM ends an idle worker promptly. A broken waker is replaced at the next wait."""
+        if waker is None and self.limit is None:  # the last one broke: open another (or poll)
+            with contextlib.suppress(Exception):
+                waker = self.store.procs.waker()
+        deadline = time.monotonic() + (self.poll if waker is not None and waker.wakes_on_release else idle)
         try:
             while not self.stop.requested:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                if listener is None:
+                if waker is None:
                     time.sleep(min(left, STOP_CHECK))
-                elif listener.wait(min(left, STOP_CHECK)):
+                elif waker.wait(min(left, STOP_CHECK)):
                     break
-            return listener
-        except Exception as exc:  # the LISTEN connection broke: poll until a new one opens
-            self.log.warning(f"bgq: The LISTEN connection failed; reconnecting. ({exc})")
-            if listener is not None:
-                listener.close()
+            return waker
+        except Exception as exc:  # the waker's connection broke: wait `poll`, then claim
+            self.log.warning(f"bgq: The wake-up connection failed; reconnecting. ({exc})")
+            if waker is not None:
+                waker.close()
             time.sleep(self.poll)
-            try:
-                return self.store.procs.listener()
-            except Exception:
-                return None
+            return None
 
     def _size(self) -> int:
         size = max(1, min(self.batch_max, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))

@@ -10,7 +10,6 @@ import datetime as dt
 import logging
 import os
 import random
-import signal
 import threading
 import time
 from collections import Counter
@@ -580,23 +579,78 @@ def test_cli_concurrency_2_runs_two_processes_and_sigterm_stops_all(make_queue, 
     assert all(v == 1 for v in ended.values()) and len(ended) == len(ran)
 
 
-@pytest.mark.parametrize("dialect", ["postgres"], indirect=True)
-def test_cli_postgres_notify_wakes_an_idle_worker(make_queue, installed, cli, dialect):
-    """With --poll 30 an idle worker only wakes early by NOTIFY (the insert trigger)."""
+WAKE_POLL = 5  # --poll of the wake-up tests: a long-idle worker claims this many seconds apart
+
+
+def _started_at(runner: Cli, token: str) -> float:
+    """When the job `token`'s callback started (its 'start' event in the ledger), waiting for it."""
+    found = wait_until(
+        lambda: [e["at"] for e in runner.events() if e["token"] == token and e["event"] == "start"],
+        3 * WAKE_POLL,
+        f"the job {token} to start",
+    )
+    return float(found[0])
+
+
+def test_cli_an_idle_worker_starts_a_new_job_at_once(make_queue, installed, cli):
+    """Idle for longer than --poll, when its claims come `poll` seconds apart, a worker starts a
+    newly published job within far less: PostgreSQL wakes on LISTEN (the insert trigger
+    NOTIFYs), MySQL on its Prober (the table's newest id, read every few milliseconds). A worker
+    that only polled would start each of these jobs within 1 s with probability 1/WAKE_POLL."""
     runner = cli()
     queue = make_queue(callbacks={"ledger": work_app.ledger}, priorities=[1, 2, 3])
-    first = queue.publish("ledger", ["first"])
-    proc = runner.start("work", "--poll", "30")
-    wait_until(lambda: _row(installed, first)["state"] == JobState.FINISHED, 20, "the first job")
-    time.sleep(1.5)  # idle now, in a 30 s wait
-    published = time.monotonic()
-    second = queue.publish("ledger", ["second"])
-    wait_until(lambda: _row(installed, second)["state"] == JobState.FINISHED, 10, "the second job")
-    took = time.monotonic() - published
-    assert took < 1.5, f"the idle worker took {took:.2f} s to pick up a new job"
-    proc.send_signal(signal.SIGTERM)
-    installed.sql("NOTIFY {t}")  # an idle worker sees SIGTERM at its next wake-up
-    assert proc.wait(10) == 0, runner.output(proc)
+    queue.publish("ledger", ["warm"])  # the publisher's first call checks the install: not timed
+    proc = runner.start("work", "--poll", str(WAKE_POLL))
+    _started_at(runner, "warm")
+    took = []
+    for n in range(3):
+        time.sleep(WAKE_POLL + 0.5)  # idle longer than --poll
+        published = time.time()
+        queue.publish("ledger", [f"wake{n}"])
+        took.append(_started_at(runner, f"wake{n}") - published)
+    code, _ = runner.terminate(proc)
+    assert code == 0, runner.output(proc)
+    shown = [round(t, 3) for t in took]
+    assert max(took) < 1.0, f"publish -> callback start took {shown} s (--poll {WAKE_POLL})"
+
+
+def test_cli_an_idle_worker_starts_a_postponed_job_once_due(make_queue, installed, cli):
+    """A postponed job becoming due inserts nothing, so no waker sees it: the idle worker's own
+    claims, at most --poll (1 s) apart, find it; not before it is due."""
+    runner = cli()
+    queue = make_queue(callbacks={"ledger": work_app.ledger}, priorities=[1, 2, 3])
+    queue.publish("ledger", ["warm"])  # the publisher's first call checks the install: not timed
+    proc = runner.start("work", "--poll", "1")
+    _started_at(runner, "warm")
+    time.sleep(1.5)  # idle: claims are --poll apart now
+    published = time.time()
+    queue.publish("ledger", ["due"], postpone_by=dt.timedelta(seconds=2))
+    took = _started_at(runner, "due") - published
+    code, _ = runner.terminate(proc)
+    assert code == 0, runner.output(proc)
+    assert 2.0 <= took < 2.0 + 1.0 + 1.5, f"a job due in 2 s started after {took:.2f} s (--poll 1)"
+
+
+def test_the_waker_returns_when_a_job_is_published(make_queue, installed):
+    """Procs.waker(): wait() returns False when nothing was published, and True soon after a
+    publish on another connection; only PostgreSQL's (LISTEN) also wakes on released jobs."""
+    queue = make_queue()
+    waker = queue.store.procs.waker()
+    try:
+        assert waker.wakes_on_release is (installed.db.dialect.name == "postgres")
+        began = time.monotonic()
+        assert waker.wait(0.3) is False
+        assert time.monotonic() - began >= 0.3
+        timer = threading.Timer(0.2, lambda: queue.publish("noop"))
+        timer.start()
+        began = time.monotonic()
+        assert waker.wait(5.0) is True
+        took = time.monotonic() - began
+        timer.join()
+        assert took < 1.0, f"the waker saw the publish after {took:.2f} s"
+        assert waker.wait(0.2) is False, "one publish wakes one wait"
+    finally:
+        waker.close()
 
 
 def test_a_claim_slower_than_the_hold_still_runs_its_jobs(make_queue, installed, workers, monkeypatch):
