@@ -391,7 +391,9 @@ class Procs:
         return found
 
     def group_heads(self, conn: Connection) -> list[GroupHead]:
-        return [GroupHead(**r) for r in self._call(conn, GROUP_HEADS)]
+        # Thousands of rows: tuples straight from the driver, not one dict per row.
+        rows = conn.exec_driver_sql(self.db.dialect.call_sql(self.table, GROUP_HEADS)).all()
+        return [GroupHead(group, head, priority) for group, head, priority in rows]
 
     def due_jobs(
         self, conn: Connection, queue: str, broker_mode: bool, limit: int, now: dt.datetime | None = None
