@@ -84,7 +84,7 @@ def new_job(
 
 def set_row(installed: Any, job_id: int, **columns: Any) -> None:
     """Set columns of a job by raw SQL (a state set by hand); never the MySQL generated columns."""
-    assert not {"running_group", "pending_group", "ungrouped_priority"} & columns.keys()
+    assert not {"running_group", "pending_group", "ungrouped_priority", "grouped_priority"} & columns.keys()
     assignments = ", ".join(f"{name} = %s" for name in columns)
     installed.sql(f"UPDATE {{t}} SET {assignments} WHERE id = %s", (*columns.values(), job_id))
 
@@ -95,7 +95,7 @@ def row(installed: Any, job_id: int) -> dict[str, Any] | None:
     if not rows:
         return None
     out = {
-        k: v for k, v in rows[0].items() if k not in ("running_group", "pending_group", "ungrouped_priority")
+        k: v for k, v in rows[0].items() if k not in ("running_group", "pending_group", "ungrouped_priority", "grouped_priority")
     }
     for name in _TIME_COLUMNS:
         out[name] = utc(out[name])
