@@ -31,12 +31,12 @@
 --   until p_limit are claimed. The heads come from the first 8 * (2 * n + 2) + 32 claimable
 --   grouped jobs in (priority, id) order ({{ table }}_grouped), each checked by one dive on
 --   {{ table }}_pending_head; only when those hold too few heads, from each group's best
---   priority (one pass over {{ table }}_pending_head), then its first id there. An ungrouped job that is not UNIQUE is
---   claimed by an UPDATE of the same columns {{ table }}_claim_job writes (PROCESSING,
---   attempts + 1, last_attempt_at, pid, worker_id; postponed_by, error_message and metadata
---   cleared). A group head or a UNIQUE job goes through {{ table }}_claim_job, which re-checks
---   it under the group lock (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs
---   are returned.
+--   priority (one pass over {{ table }}_pending_head), then its first id there. An ungrouped
+--   job that is not UNIQUE is claimed by an UPDATE of the same columns {{ table }}_claim_job
+--   writes (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id; postponed_by,
+--   error_message and metadata cleared). A group head or a UNIQUE job goes through
+--   {{ table }}_claim_job, which re-checks it under the group lock (predecessor, UNIQUE
+--   duplicate, coalescing); only 'claimed' jobs are returned.
 -- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
 --   UPDATE SKIP LOCKED too: a head whose group row another transaction holds (a claim or a
 --   finish in progress) is left out and the next candidate is tried, so batch claims neither
@@ -122,8 +122,8 @@ BEGIN
             JSON_OBJECT(
                 'id', h.id, 'priority', h.priority, 'serial_group', h.serial_group, 'mode', h.mode
             )
-        ),
-        COUNT(*)
+        ) AS heads,
+        COUNT(*) AS found
     INTO v_head_json, v_found
     FROM (
         SELECT
@@ -170,6 +170,7 @@ BEGIN
         FROM (
             SELECT id FROM {{ table }}
             WHERE grouped_priority BETWEEN v_min AND v_max
+            ORDER BY grouped_priority, id
             LIMIT v_scan
         ) AS n;
     END IF;

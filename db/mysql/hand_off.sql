@@ -109,8 +109,8 @@ BEGIN
             r.memory,
             r.clone_delay_ms
         INTO
-            v_id, v_result_attempt, v_result_state, v_error, v_postponed_by, v_execution_time,
-            v_memory, v_clone_delay
+        v_id, v_result_attempt, v_result_state, v_error, v_postponed_by, v_execution_time,
+        v_memory, v_clone_delay
         FROM
             JSON_TABLE(
                 p_results, '$[*]' COLUMNS (
@@ -246,8 +246,9 @@ BEGIN
     END IF;
 
     -- One row per result, then the claimed job: one pass, no UNION (MariaDB would copy the
-    -- claimed job's BLOB and JSON columns into a temporary table).
-    SELECT
+    -- claimed job's BLOB and JSON columns into a temporary table). The columns in the
+    -- contract's order, the computed id first.
+    SELECT  -- noqa: ST06
         IF(r.claimed = 1, j.id, r.id) AS id,
         j.number_of_attempts AS attempt,
         j.callback_name,

@@ -326,8 +326,17 @@ def test_a_bad_result_raises_and_neither_writes_nor_claims(installed, case):
 # --- the short way (one FINISHED result, a plain next head) and the long way agree ---
 
 _WRITTEN = (
-    "state", "number_of_attempts", "error_message", "postponed_by", "execution_time", "memory",
-    "finished_at", "updated_at", "pid", "metadata", "worker_id",
+    "state",
+    "number_of_attempts",
+    "error_message",
+    "postponed_by",
+    "execution_time",
+    "memory",
+    "finished_at",
+    "updated_at",
+    "pid",
+    "metadata",
+    "worker_id",
 )
 
 
