@@ -28,7 +28,7 @@
 --   range, is skipped as a whole: order inside a group never bends.
 -- Steps: candidates are up to p_limit ungrouped jobs (taken FOR UPDATE SKIP LOCKED) and up to
 --   2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller), tried in (priority, id) order
---   until p_limit are claimed. The heads come from the first 8 * (2 * n + 2) + 32 claimable
+--   until p_limit are claimed. The heads come from the first 4 * (2 * n + 2) + 16 claimable
 --   grouped jobs in (priority, id) order ({{ table }}_grouped), each checked by one dive on
 --   {{ table }}_pending_head; only when those hold too few heads, from each group's best
 --   priority (one pass over {{ table }}_pending_head), then its first id there. An ungrouped
@@ -71,7 +71,7 @@ BEGIN
     DECLARE v_head_limit INT DEFAULT LEAST(p_limit, COALESCE(p_max_heads, p_limit));
     DECLARE v_head_candidates INT DEFAULT 2 * LEAST(p_limit, COALESCE(p_max_heads, p_limit)) + 2;
     DECLARE v_heads INT DEFAULT 0;
-    DECLARE v_scan INT DEFAULT 8 * (2 * LEAST(p_limit, COALESCE(p_max_heads, p_limit)) + 2) + 32;
+    DECLARE v_scan INT DEFAULT 4 * (2 * LEAST(p_limit, COALESCE(p_max_heads, p_limit)) + 2) + 16;
     DECLARE v_head_json LONGTEXT DEFAULT NULL;
     DECLARE v_found INT DEFAULT 0;
     DECLARE v_scanned INT DEFAULT 0;
@@ -112,8 +112,8 @@ BEGIN
 
     -- Up to 2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller), in (priority, id)
     -- order. First the bounded scan: the first v_scan claimable grouped jobs in (priority, id)
-    -- order ({{ table }}_grouped), of which those that are their group's head (no earlier
-    -- unstarted job in the group: one dive on {{ table }}_pending_head) in a group without a
+    -- order ({{ table }}_grouped), of which those that are their group's head (its first
+    -- unstarted job: one dive on {{ table }}_pending_head) in a group without a
     -- PROCESSING job. Every claimable head is among those jobs, in the same order, so when the
     -- scan finds enough heads, or reads fewer than v_scan jobs (it saw them all), its heads are
     -- the first ones.
@@ -150,12 +150,11 @@ BEGIN
         WHERE
             {{ in_queue('s') }}
             AND {{ due('s') }}
-            AND NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS x
-                WHERE
-                    x.pending_group = s.serial_group
-                    AND x.priority <= s.priority
-                    AND (x.priority < s.priority OR x.id < s.id)
+            AND s.id = (
+                SELECT x.id FROM {{ table }} AS x
+                WHERE x.pending_group = s.serial_group
+                ORDER BY x.priority, x.id
+                LIMIT 1
             )
             AND NOT EXISTS (
                 SELECT 1 FROM {{ table }} AS r

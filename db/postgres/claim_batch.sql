@@ -29,7 +29,7 @@
 --   range, is skipped as a whole: order inside a group never bends.
 -- Steps: candidates are up to p_limit ungrouped jobs (taken FOR UPDATE SKIP LOCKED) and up to
 --   2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller), tried in (priority, id) order
---   until p_limit are claimed. The heads come from the first 8 * (2 * n + 2) + 32 claimable
+--   until p_limit are claimed. The heads come from the first 4 * (2 * n + 2) + 16 claimable
 --   grouped jobs in (priority, id) order ({{ table }}_grouped), each checked by one dive on
 --   {{ table }}_pending_head; only when those hold too few heads, from one index dive per group
 --   (a cost that grows with the groups: every group's first jobs busy or not due). An
@@ -87,7 +87,7 @@ DECLARE
     v_heads INTEGER := 0;
     v_head_limit INTEGER := LEAST(p_limit, COALESCE(p_max_heads, p_limit));
     v_head_candidates INTEGER := 2 * LEAST(p_limit, COALESCE(p_max_heads, p_limit)) + 2;
-    v_scan INTEGER := 8 * (2 * LEAST(p_limit, COALESCE(p_max_heads, p_limit)) + 2) + 32;
+    v_scan INTEGER := 4 * (2 * LEAST(p_limit, COALESCE(p_max_heads, p_limit)) + 2) + 16;
     v_hids BIGINT[];
     v_hpriorities INTEGER[];
     v_hgroups VARCHAR[];
@@ -101,8 +101,8 @@ BEGIN
     -- Up to 2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller; a head whose group
     -- another claim holds is skipped below, and the next one is tried), in (priority, id) order.
     -- First the bounded scan: the first v_scan claimable grouped jobs in (priority, id) order
-    -- ({{ table }}_grouped), of which those that are their group's head (no earlier unstarted
-    -- job in the group: one dive on {{ table }}_pending_head) in a group without a PROCESSING job.
+    -- ({{ table }}_grouped), of which those that are their group's head (its first unstarted
+    -- job: one dive on {{ table }}_pending_head) in a group without a PROCESSING job.
     -- Every claimable head is among those jobs, in the same order, so when the scan finds enough
     -- heads, or reads fewer than v_scan jobs (it saw them all), its heads are the first ones.
     SELECT
@@ -128,12 +128,11 @@ BEGIN
         WHERE
             {{ in_queue('s') }}
             AND {{ due('s') }}
-            AND NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS x
-                WHERE
-                    x.serial_group = s.serial_group
-                    AND x.state IN (-1, 1, 4, 6, 8)
-                    AND (x.priority, x.id) < (s.priority, s.id)
+            AND s.id = (
+                SELECT x.id FROM {{ table }} AS x
+                WHERE x.serial_group = s.serial_group AND x.state IN (-1, 1, 4, 6, 8)
+                ORDER BY x.priority, x.id
+                LIMIT 1
             )
             AND NOT EXISTS (
                 SELECT 1 FROM {{ table }} AS r

@@ -182,9 +182,9 @@ def test_a_group_with_a_processing_job_is_skipped(installed):
     assert states(installed, running, newcomer) == [2, 1]
 
 
-# More claimable grouped jobs than the claim's first scan reads (8 * (2 * 1 + 2) + 32 = 64 for
+# More claimable grouped jobs than the claim's first scan reads (4 * (2 * 1 + 2) + 16 = 32 for
 # limit 1), all ahead of the only claimable head: it is found by the pass over every group.
-SCAN_1 = 64
+SCAN_1 = 32
 
 
 def _jobs(installed, count, **columns):
