@@ -11,11 +11,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .config import read_clock
 from .db import Database, InstalledRoutine, Proc
-from .errors import JobNotFoundError
+from .errors import DatabaseUnavailableError, JobNotFoundError
 from .model import (
     Beat,
     Cancelled,
@@ -288,6 +289,54 @@ class Procs:
                 args = (*args[:at], read_clock(self.clock), *args[at + 1 :])
         return self.db.call(conn, self.table, proc, args)
 
+    def _call_raw(
+        self, conn: Connection, proc: Proc, *args: Any, alone: bool = False
+    ) -> list[dict[str, Any]]:
+        """`_call` on the DBAPI cursor of `conn` (in its transaction), past SQLAlchemy's layers:
+        for the worker's hot path (claim_batch, hand_off). A driver error is wrapped as
+        SQLAlchemy wraps it (Database.transaction translates it); on a lost connection `conn` is
+        invalidated, as SQLAlchemy would, so the next transaction opens a new one.
+
+        `alone`: the caller's transaction holds this call and nothing else, so on PostgreSQL,
+        when nothing has run in the transaction yet, the call runs as a statement of its own
+        (autocommit for that statement: one round trip instead of BEGIN, the call, COMMIT; a
+        function's statement is atomic, and its locks last until it ends, which is the
+        transaction's end). The transaction's COMMIT then has nothing to do (psycopg sends
+        nothing). On MySQL a CALL is not atomic by itself, so `alone` changes nothing there."""
+        if self.clock is not None:
+            at = next((i for i, (name, _) in enumerate(proc.params) if name == "p_now"), None)
+            if at is not None and at < len(args) and args[at] is None:
+                args = (*args[:at], read_clock(self.clock), *args[at + 1 :])
+        if len(args) != len(proc.params):
+            raise TypeError(f"{proc.name} takes {len(proc.params)} arguments, got {len(args)}")
+        driver_error: type[Exception] = self.db.engine.dialect.loaded_dbapi.Error
+        statement = self.db.dialect.call_sql(self.table, proc)
+        raw: Any = conn.connection.driver_connection
+        single = alone and self.db.dialect.name == "postgres" and raw.info.transaction_status == _PG_IDLE
+        try:
+            if single:
+                raw.autocommit = True
+            try:
+                cursor = raw.cursor()
+                try:
+                    cursor.execute(statement, args)
+                    if cursor.description is None:
+                        return []
+                    names = [column[0] for column in cursor.description]
+                    return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
+                finally:
+                    cursor.close()
+            finally:
+                if single and not raw.closed:
+                    raw.autocommit = False
+        except driver_error as exc:
+            lost = isinstance(self.db.translate(exc), DatabaseUnavailableError)
+            if lost:
+                conn.invalidate()
+            raise sa.exc.DBAPIError.instance(
+                statement, args, exc, driver_error, connection_invalidated=lost
+            ) from exc
+
     # --- state changes (stored procedures) ---
 
     def claim(
@@ -329,26 +378,28 @@ class Procs:
     def claim_batch(
         self, conn: Connection, queue: str, limit: int, pid: int, min_priority: int | None,
         max_priority: int | None, waiting_ms: int, now: dt.datetime | None = None,
-        *, max_heads: int | None = None, worker_id: int | None = None,
+        *, max_heads: int | None = None, worker_id: int | None = None, alone: bool = False,
     ) -> list[Claimed]:  # fmt: skip
         """Claim up to `limit` due jobs (ungrouped, or heads of idle groups, at most `max_heads`
-        of them), in (priority, id) order."""
-        rows = self._call(
+        of them), in (priority, id) order. `alone`: nothing else runs in `conn`'s transaction
+        (see _call_raw)."""
+        rows = self._call_raw(
             conn, CLAIM_BATCH, queue, limit, pid, min_priority, max_priority, max_heads, waiting_ms,
-            worker_id, now,
+            worker_id, now, alone=alone,
         )  # fmt: skip
         return [_claimed(r) for r in rows]
 
     def hand_off(
         self, conn: Connection, results: Sequence[JobResult], group: str, queue: str, pid: int,
         min_priority: int | None, max_priority: int | None, waiting_ms: int,
-        now: dt.datetime | None = None, *, worker_id: int | None = None,
+        now: dt.datetime | None = None, *, worker_id: int | None = None, alone: bool = False,
     ) -> tuple[dict[int, bool], list[Claimed]]:  # fmt: skip
         """Write `results` (as finish_batch), then claim `group`'s next head, in one call:
-        ({job id: written}, [the head] or [])."""
-        rows = self._call(
+        ({job id: written}, [the head] or []). `alone`: nothing else runs in `conn`'s
+        transaction (see _call_raw)."""
+        rows = self._call_raw(
             conn, HAND_OFF, _results_json(results), group, queue, pid, min_priority, max_priority,
-            waiting_ms, worker_id, now,
+            waiting_ms, worker_id, now, alone=alone,
         )  # fmt: skip
         written = {int(r["id"]): bool(r["finished"]) for r in rows if r["finished"] is not None}
         return written, [_claimed(r) for r in rows if r["finished"] is None]
@@ -431,7 +482,9 @@ class Procs:
         return found
 
     def group_heads(self, conn: Connection) -> list[GroupHead]:
-        return [GroupHead(**r) for r in self._call(conn, GROUP_HEADS)]
+        # Thousands of rows: tuples straight from the driver, not one dict per row.
+        rows = conn.exec_driver_sql(self.db.dialect.call_sql(self.table, GROUP_HEADS)).all()
+        return [GroupHead(group, head, priority) for group, head, priority in rows]
 
     def due_jobs(
         self, conn: Connection, queue: str, broker_mode: bool, limit: int, now: dt.datetime | None = None
@@ -824,7 +877,14 @@ def _sub_queues(queue: str) -> str:
 
 def _results_json(results: Sequence[JobResult]) -> str | None:
     """Results as {table}_finish_results reads them (None: no results)."""
-    return json.dumps([dataclasses.asdict(r) for r in results]) if results else None
+    if not results:
+        return None
+    # The fields by name (dataclasses.asdict deep-copies every value: slower, the same JSON).
+    return json.dumps([{f: getattr(r, f) for f in _RESULT_FIELDS} for r in results])
+
+
+_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(JobResult))
+_PG_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction begun on the connection
 
 
 def _claimed(row: dict[str, Any]) -> Claimed:

@@ -290,6 +290,7 @@ class _Worker:
                 waiting_ms,
                 max_heads=1,
                 worker_id=self.executor.worker_id,
+                alone=True,
             )
         )
         self._hold(jobs, started)
@@ -364,6 +365,7 @@ class _Worker:
                 self.high,
                 cfg.waiting_job_expiration,
                 worker_id=executor.worker_id,
+                alone=True,
             )
 
         failure = (

@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_batch, version 3 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_claim_batch, version 4 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority, p_max_priority,
@@ -27,14 +27,16 @@
 --   group is PROCESSING. A group whose head is not due, or is in another queue or priority
 --   range, is skipped as a whole: order inside a group never bends.
 -- Steps: candidates are up to p_limit ungrouped jobs (taken FOR UPDATE SKIP LOCKED) and up to
---   2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller; each group's best priority
---   from one pass over {{ table }}_pending_head, then its first id there), tried in
---   (priority, id) order until p_limit are claimed. An ungrouped job that is not UNIQUE is
---   claimed by an UPDATE of the same columns {{ table }}_claim_job writes (PROCESSING,
---   attempts + 1, last_attempt_at, pid, worker_id; postponed_by, error_message and metadata
---   cleared). A group head or a UNIQUE job goes through {{ table }}_claim_job, which re-checks
---   it under the group lock (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs
---   are returned.
+--   2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller), tried in (priority, id) order
+--   until p_limit are claimed. The heads come from the first 4 * (2 * n + 2) + 16 claimable
+--   grouped jobs in (priority, id) order ({{ table }}_grouped), each checked by one dive on
+--   {{ table }}_pending_head; only when those hold too few heads, from each group's best
+--   priority (one pass over {{ table }}_pending_head), then its first id there. An ungrouped
+--   job that is not UNIQUE is claimed by an UPDATE of the same columns {{ table }}_claim_job
+--   writes (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id; postponed_by,
+--   error_message and metadata cleared). A group head or a UNIQUE job goes through
+--   {{ table }}_claim_job, which re-checks it under the group lock (predecessor, UNIQUE
+--   duplicate, coalescing); only 'claimed' jobs are returned.
 -- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
 --   UPDATE SKIP LOCKED too: a head whose group row another transaction holds (a claim or a
 --   finish in progress) is left out and the next candidate is tried, so batch claims neither
@@ -44,8 +46,8 @@
 -- Errors: 31002 / SQLSTATE BQ002 when p_limit is NULL or < 1 (nothing written).
 -- Idempotent: no (each call claims more jobs); a claimed job is never claimed again.
 -- MySQL 8: SKIP LOCKED (8.0.1+) in a derived table and JSON_TABLE (8.0.4+) are accepted by
---   MariaDB 10.11 and MySQL 8 alike. The heads take one pass over the claimable grouped jobs
---   (there is no loose index scan here): its cost grows with those rows, not with the groups.
+--   MariaDB 10.11 and MySQL 8 alike. The fallback for the heads takes one pass over the
+--   claimable grouped jobs (there is no loose index scan here): its cost grows with those rows.
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
 CREATE PROCEDURE {{ table }}_claim_batch(
     IN p_queue VARCHAR(255),
@@ -69,6 +71,10 @@ BEGIN
     DECLARE v_head_limit INT DEFAULT LEAST(p_limit, COALESCE(p_max_heads, p_limit));
     DECLARE v_head_candidates INT DEFAULT 2 * LEAST(p_limit, COALESCE(p_max_heads, p_limit)) + 2;
     DECLARE v_heads INT DEFAULT 0;
+    DECLARE v_scan INT DEFAULT 4 * (2 * LEAST(p_limit, COALESCE(p_max_heads, p_limit)) + 2) + 16;
+    DECLARE v_head_json LONGTEXT DEFAULT NULL;
+    DECLARE v_found INT DEFAULT 0;
+    DECLARE v_scanned INT DEFAULT 0;
     DECLARE v_locked INT DEFAULT 0;
     DECLARE v_exists INT DEFAULT 0;
     DECLARE v_done INT DEFAULT 0;
@@ -104,42 +110,81 @@ BEGIN
             SET MYSQL_ERRNO = 31002, MESSAGE_TEXT = 'bgq: claim_batch limit must be at least 1';
     END IF;
 
-    -- Up to p_limit ungrouped jobs (locked, skipping locked ones) and up to 2 * n + 2 group heads
-    -- (n: p_limit, or p_max_heads if smaller), in (priority, id) order.
+    -- Up to 2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller), in (priority, id)
+    -- order. First the bounded scan: the first v_scan claimable grouped jobs in (priority, id)
+    -- order ({{ table }}_grouped), of which those that are their group's head (its first
+    -- unstarted job: one dive on {{ table }}_pending_head) in a group without a
+    -- PROCESSING job. Every claimable head is among those jobs, in the same order, so when the
+    -- scan finds enough heads, or reads fewer than v_scan jobs (it saw them all), its heads are
+    -- the first ones.
     SELECT
         JSON_ARRAYAGG(
             JSON_OBJECT(
-                'id', c.id, 'priority', c.priority, 'serial_group', c.serial_group, 'mode', c.mode
+                'id', h.id, 'priority', h.priority, 'serial_group', h.serial_group, 'mode', h.mode
             )
-        )
-    INTO v_candidates
+        ) AS heads,
+        COUNT(*) AS found
+    INTO v_head_json, v_found
     FROM (
         SELECT
-            f.id,
-            f.priority,
-            f.serial_group,
-            f.mode
+            s.id,
+            s.priority,
+            s.serial_group,
+            s.mode
         FROM (
             SELECT
                 id,
                 priority,
                 serial_group,
-                mode
+                mode,
+                queue,
+                created_at,
+                last_attempt_at,
+                postponed_by,
+                processed_by_broker
             FROM {{ table }}
-            WHERE
-                ungrouped_priority BETWEEN v_min AND v_max
-                AND {{ in_queue() }}
-                AND {{ due() }}
-            ORDER BY ungrouped_priority, id
-            LIMIT p_limit
-            FOR UPDATE SKIP LOCKED  -- noqa: PRS
-        ) AS f
-        UNION ALL
+            WHERE grouped_priority BETWEEN v_min AND v_max
+            ORDER BY grouped_priority, id
+            LIMIT v_scan
+        ) AS s
+        WHERE
+            {{ in_queue('s') }}
+            AND {{ due('s') }}
+            AND s.id = (
+                SELECT x.id FROM {{ table }} AS x
+                WHERE x.pending_group = s.serial_group
+                ORDER BY x.priority, x.id
+                LIMIT 1
+            )
+            AND NOT EXISTS (
+                SELECT 1 FROM {{ table }} AS r
+                WHERE r.running_group = s.serial_group
+            )
+        ORDER BY s.priority, s.id
+        LIMIT v_head_candidates
+    ) AS h;
+
+    IF v_found < v_head_candidates THEN
+        SELECT COUNT(*) INTO v_scanned
+        FROM (
+            SELECT id FROM {{ table }}
+            WHERE grouped_priority BETWEEN v_min AND v_max
+            ORDER BY grouped_priority, id
+            LIMIT v_scan
+        ) AS n;
+    END IF;
+
+    -- Too few heads among v_scan jobs (the first ones belong to busy groups, or are not heads):
+    -- every group's head, from one pass over the claimable grouped jobs.
+    IF v_found < v_head_candidates AND v_scanned >= v_scan THEN
         SELECT
-            hh.id,
-            hh.priority,
-            hh.serial_group,
-            hh.mode
+            JSON_ARRAYAGG(
+                JSON_OBJECT(
+                    'id', hh.id, 'priority', hh.priority, 'serial_group', hh.serial_group,
+                    'mode', hh.mode
+                )
+            )
+        INTO v_head_json
         FROM (
             SELECT
                 j.id,
@@ -174,7 +219,54 @@ BEGIN
                 )
             ORDER BY j.priority, j.id
             LIMIT v_head_candidates
-        ) AS hh
+        ) AS hh;
+    END IF;
+
+    -- Up to p_limit ungrouped jobs (locked, skipping locked ones) and the heads, in (priority, id)
+    -- order.
+    SELECT
+        JSON_ARRAYAGG(
+            JSON_OBJECT(
+                'id', c.id, 'priority', c.priority, 'serial_group', c.serial_group, 'mode', c.mode
+            )
+        )
+    INTO v_candidates
+    FROM (
+        SELECT
+            f.id,
+            f.priority,
+            f.serial_group,
+            f.mode
+        FROM (
+            SELECT
+                id,
+                priority,
+                serial_group,
+                mode
+            FROM {{ table }}
+            WHERE
+                ungrouped_priority BETWEEN v_min AND v_max
+                AND {{ in_queue() }}
+                AND {{ due() }}
+            ORDER BY ungrouped_priority, id
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED  -- noqa: PRS
+        ) AS f
+        UNION ALL
+        SELECT
+            u.id,
+            u.priority,
+            u.serial_group,
+            u.mode
+        FROM
+            JSON_TABLE(
+                COALESCE(v_head_json, '[]'), '$[*]' COLUMNS (
+                    id BIGINT UNSIGNED PATH '$.id',
+                    priority INT PATH '$.priority',
+                    serial_group VARCHAR(255) PATH '$.serial_group',
+                    mode VARCHAR(16) PATH '$.mode'
+                )
+            ) AS u
     ) AS c;
 
     OPEN one_by_one;

@@ -1,4 +1,4 @@
--- bgq {{ table }}_hand_off, version 1 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_hand_off, version 2 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_hand_off(p_results, p_group, p_queue, p_pid, p_min_priority, p_max_priority,
@@ -30,6 +30,12 @@
 --   which re-checks it under the group lock (predecessor, UNIQUE duplicate, coalescing) and
 --   writes the claim (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id; postponed_by,
 --   error_message and metadata cleared). Only a 'claimed' head is returned.
+--   The common case takes a shorter way with the same effects: one FINISHED result without a
+--   copy, of a NORMAL or UNIQUE job of p_group, in a group with no WAITING job and no waiting
+--   head recorded (nothing to wake), whose next head is a NORMAL job without a coalescing
+--   threshold, not WAITING: the group row is locked, the result written (fenced), and the head
+--   claimed by one UPDATE under that lock (being the head in a group without a PROCESSING job
+--   is what {{ table }}_claim_job's predecessor check asks). Anything else goes the long way.
 -- Locks: those of {{ table }}_finish_results, then the group row FOR UPDATE SKIP LOCKED (held
 --   already when p_results finished a job of the group): a group row another transaction holds
 --   is not waited for, and nothing is claimed. Only a group that has no row yet gets it from
@@ -68,6 +74,22 @@ BEGIN
     DECLARE v_state SMALLINT;
     DECLARE v_predecessor BIGINT UNSIGNED;
     DECLARE v_promoted BIGINT UNSIGNED;
+    DECLARE v_id BIGINT UNSIGNED DEFAULT NULL;
+    DECLARE v_result_attempt INT;
+    DECLARE v_result_state INT;
+    DECLARE v_error LONGTEXT;
+    DECLARE v_postponed_by INT;
+    DECLARE v_execution_time INT;
+    DECLARE v_memory LONGTEXT;
+    DECLARE v_clone_delay INT;
+    DECLARE v_job_group VARCHAR(255) DEFAULT NULL;
+    DECLARE v_job_mode VARCHAR(16) DEFAULT NULL;
+    DECLARE v_waiting INT DEFAULT 0;
+    DECLARE v_recorded INT DEFAULT 0;
+    DECLARE v_head_state SMALLINT;
+    DECLARE v_head_mode VARCHAR(16);
+    DECLARE v_head_threshold BIGINT;
+    DECLARE v_short INT DEFAULT 0;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
 
     IF p_group IS NULL THEN
@@ -75,7 +97,71 @@ BEGIN
             SET MYSQL_ERRNO = 31002, MESSAGE_TEXT = 'bgq: hand_off needs a group';
     END IF;
 
-    IF p_results IS NOT NULL THEN
+    -- The short way (see Steps): one FINISHED result without a copy, of a job of p_group.
+    IF p_results IS NOT NULL AND JSON_TYPE(p_results) = 'ARRAY' AND JSON_LENGTH(p_results) = 1 THEN
+        SELECT
+            r.id,
+            r.attempt,
+            r.state,
+            r.error,
+            r.postponed_by,
+            r.execution_time,
+            r.memory,
+            r.clone_delay_ms
+        INTO
+        v_id, v_result_attempt, v_result_state, v_error, v_postponed_by, v_execution_time,
+        v_memory, v_clone_delay
+        FROM
+            JSON_TABLE(
+                p_results, '$[*]' COLUMNS (
+                    id BIGINT UNSIGNED PATH '$.id',
+                    attempt INT PATH '$.attempt',
+                    state INT PATH '$.state',
+                    error LONGTEXT PATH '$.error',
+                    postponed_by INT PATH '$.postponed_by',
+                    execution_time INT PATH '$.execution_time',
+                    memory JSON PATH '$.memory',
+                    clone_delay_ms INT PATH '$.clone_delay_ms'
+                )
+            ) AS r;
+        IF v_result_state = 3 AND v_clone_delay IS NULL THEN
+            -- serial_group and mode never change: a plain read.
+            SELECT
+                serial_group,
+                mode
+            INTO v_job_group, v_job_mode
+            FROM {{ table }}
+            WHERE id = v_id;
+        END IF;
+    END IF;
+    IF v_job_group = p_group AND v_job_mode IN ('normal', 'unique') THEN
+        INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (p_group, v_now)
+        ON DUPLICATE KEY UPDATE updated_at = v_now;
+        -- As {{ table }}_group_wake decides there is nothing to wake (plain reads).
+        SELECT COUNT(*) INTO v_waiting
+        FROM {{ table }}
+        WHERE serial_group = p_group AND state = 6;
+        SELECT COUNT(*) INTO v_recorded
+        FROM {{ table }}_group
+        WHERE serial_group = p_group AND waiting_head_id IS NOT NULL;
+        IF v_waiting = 0 AND v_recorded = 0 THEN
+            SET v_short = 1;
+            -- As {{ table }}_finish_results writes a FINISHED result (a JSON null memory: NULL).
+            UPDATE {{ table }}
+            SET
+                execution_time = v_execution_time,
+                memory = NULLIF(v_memory, 'null'),
+                finished_at = v_now,
+                error_message = v_error,
+                postponed_by = v_postponed_by,
+                updated_at = v_now,
+                state = 3
+            WHERE id = v_id AND state = 2 AND number_of_attempts = v_result_attempt;
+            SET v_written = IF(ROW_COUNT() > 0, JSON_ARRAY(JSON_OBJECT('id', v_id)), JSON_ARRAY());
+        END IF;
+    END IF;
+
+    IF p_results IS NOT NULL AND v_short = 0 THEN
         CALL {{ table }}_finish_results(p_results, v_now, v_written);
     END IF;
 
@@ -107,6 +193,36 @@ BEGIN
             WHERE x.running_group = p_group
         );
 
+    IF v_short = 1 AND v_head IS NOT NULL THEN
+        -- The short way's claim, when the head needs nothing of {{ table }}_claim_job's.
+        SELECT
+            state,
+            mode,
+            coalesce_threshold
+        INTO v_head_state, v_head_mode, v_head_threshold
+        FROM {{ table }}
+        WHERE id = v_head;
+        IF v_head_state IN (1, 4, 8) AND v_head_mode = 'normal' AND v_head_threshold IS NULL THEN
+            -- The same columns as {{ table }}_claim_job writes; the group row is locked already.
+            UPDATE {{ table }}
+            SET
+                state = 2,
+                number_of_attempts = number_of_attempts + 1,
+                last_attempt_at = v_now,
+                pid = p_pid,
+                postponed_by = NULL,
+                error_message = NULL,
+                metadata = NULL,
+                worker_id = p_worker_id,
+                updated_at = v_now
+            WHERE id = v_head AND state IN (1, 4, 8);
+            IF ROW_COUNT() > 0 THEN
+                SET v_claimed = v_head;
+            END IF;
+            SET v_head = NULL;
+        END IF;
+    END IF;
+
     IF v_head IS NOT NULL THEN
         -- The group row without waiting: this transaction holds it already when p_results
         -- finished a job of the group; one another transaction holds is there but not lockable,
@@ -129,25 +245,11 @@ BEGIN
         END IF;
     END IF;
 
-    SELECT
-        r.id,
-        NULL AS attempt,
-        NULL AS callback_name,
-        NULL AS parameters_json,
-        NULL AS parameters,
-        NULL AS queue,
-        NULL AS priority,
-        NULL AS serial_group,
-        NULL AS identifier,
-        NULL AS mode,
-        NULL AS coalesce_threshold,
-        IF(w.id IS NULL, 0, 1) AS finished
-    FROM JSON_TABLE(COALESCE(p_results, '[]'), '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.id')) AS r
-    LEFT JOIN JSON_TABLE(v_written, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.id')) AS w
-        ON w.id = r.id
-    UNION ALL
-    SELECT
-        j.id,
+    -- One row per result, then the claimed job: one pass, no UNION (MariaDB would copy the
+    -- claimed job's BLOB and JSON columns into a temporary table). The columns in the
+    -- contract's order, the computed id first.
+    SELECT  -- noqa: ST06
+        IF(r.claimed = 1, j.id, r.id) AS id,
         j.number_of_attempts AS attempt,
         j.callback_name,
         j.parameters_json,
@@ -158,7 +260,18 @@ BEGIN
         j.identifier,
         j.mode,
         j.coalesce_threshold,
-        NULL AS finished
-    FROM {{ table }} AS j
-    WHERE j.id = v_claimed AND j.state = 2;
+        IF(r.claimed = 1, NULL, IF(w.id IS NULL, 0, 1)) AS finished
+    FROM
+        JSON_TABLE(
+            JSON_ARRAY_APPEND(COALESCE(p_results, '[]'), '$', JSON_OBJECT('claimed', 1)),
+            '$[*]' COLUMNS (
+                id BIGINT UNSIGNED PATH '$.id',
+                claimed INT PATH '$.claimed'
+            )
+        ) AS r
+    LEFT JOIN JSON_TABLE(v_written, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.id')) AS w
+        ON r.claimed IS NULL AND w.id = r.id
+    LEFT JOIN {{ table }} AS j
+        ON r.claimed = 1 AND j.id = v_claimed AND j.state = 2
+    WHERE r.claimed IS NULL OR j.id IS NOT NULL;
 END

@@ -34,7 +34,9 @@ CREATE TABLE IF NOT EXISTS {{ table }}_group (
     waiting_head_priority INT NULL,
     updated_at DATETIME(6) NOT NULL,
     PRIMARY KEY (serial_group),
-    KEY {{ table }}_group_waiting (waiting_head_id)
+    -- With the primary key, every column {{ table }}_group_heads returns, in its order
+    -- (migration 0006_group_scan).
+    KEY {{ table }}_group_waiting (waiting_head_id, waiting_head_priority)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
 
 CREATE TABLE IF NOT EXISTS {{ table }}_meta (
@@ -146,6 +148,12 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     -- written by every claim, never cleared (migration 0002_worker_id; appended, as every
     -- migrated column is, so a migrated table has the same column order).
     worker_id BIGINT NULL,
+    -- The priority of a grouped job `bgq work` may claim (1, 4, 6, 8), else NULL: its index gives
+    -- {{ table }}_claim_batch the first few in (priority, id) order, of which it keeps the
+    -- groups' heads (migration 0006_group_scan).
+    grouped_priority INT
+    GENERATED ALWAYS AS (CASE WHEN serial_group IS NOT NULL AND state IN (1, 4, 6, 8) THEN priority END)
+    STORED,
     PRIMARY KEY (id),
     UNIQUE KEY {{ table }}_running_group (running_group),
     KEY {{ table }}_ungrouped (ungrouped_priority, id),
@@ -158,6 +166,8 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     KEY {{ table }}_queue_state (queue, state),
     KEY {{ table }}_state_updated (state, updated_at),
     KEY {{ table }}_group_id (serial_group),
+    -- Migration 0006_group_scan: see grouped_priority.
+    KEY {{ table }}_grouped (grouped_priority, id),
     CONSTRAINT {{ table }}_state_check CHECK (state IN (-1, 1, 2, 3, 4, 5, 6, 7, 8)),
     CONSTRAINT {{ table }}_mode_check CHECK (mode IN ('normal', 'unique', 'recurring'))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;

@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_batch, version 3 (PostgreSQL 15)
+-- bgq {{ table }}_claim_batch, version 4 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority,
@@ -28,8 +28,11 @@
 --   group is PROCESSING. A group whose head is not due, or is in another queue or priority
 --   range, is skipped as a whole: order inside a group never bends.
 -- Steps: candidates are up to p_limit ungrouped jobs (taken FOR UPDATE SKIP LOCKED) and up to
---   2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller; one index dive per group on
---   {{ table }}_pending_head), tried in (priority, id) order until p_limit are claimed. An
+--   2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller), tried in (priority, id) order
+--   until p_limit are claimed. The heads come from the first 4 * (2 * n + 2) + 16 claimable
+--   grouped jobs in (priority, id) order ({{ table }}_grouped), each checked by one dive on
+--   {{ table }}_pending_head; only when those hold too few heads, from one index dive per group
+--   (a cost that grows with the groups: every group's first jobs busy or not due). An
 --   ungrouped job that is not UNIQUE is claimed by an UPDATE of the same columns
 --   {{ table }}_claim_job writes (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id;
 --   postponed_by, error_message and metadata cleared). A group head or a UNIQUE job goes through
@@ -83,15 +86,128 @@ DECLARE
     v_claimed BIGINT[] := '{}';
     v_heads INTEGER := 0;
     v_head_limit INTEGER := LEAST(p_limit, COALESCE(p_max_heads, p_limit));
+    v_head_candidates INTEGER := 2 * LEAST(p_limit, COALESCE(p_max_heads, p_limit)) + 2;
+    v_scan INTEGER := 4 * (2 * LEAST(p_limit, COALESCE(p_max_heads, p_limit)) + 2) + 16;
+    v_hids BIGINT[];
+    v_hpriorities INTEGER[];
+    v_hgroups VARCHAR[];
+    v_hmodes VARCHAR[];
     c RECORD;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'bgq: claim_batch limit must be at least 1' USING ERRCODE = 'BQ002';
     END IF;
 
-    -- Up to p_limit ungrouped jobs (locked, skipping locked ones) and up to 2 * n + 2 group heads
-    -- (n: p_limit, or p_max_heads if smaller; a head whose group another claim holds is skipped
-    -- below, and the next one is tried), in (priority, id) order.
+    -- Up to 2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller; a head whose group
+    -- another claim holds is skipped below, and the next one is tried), in (priority, id) order.
+    -- First the bounded scan: the first v_scan claimable grouped jobs in (priority, id) order
+    -- ({{ table }}_grouped), of which those that are their group's head (its first unstarted
+    -- job: one dive on {{ table }}_pending_head) in a group without a PROCESSING job.
+    -- Every claimable head is among those jobs, in the same order, so when the scan finds enough
+    -- heads, or reads fewer than v_scan jobs (it saw them all), its heads are the first ones.
+    SELECT
+        ARRAY_AGG(h.id ORDER BY h.priority, h.id),
+        ARRAY_AGG(h.priority ORDER BY h.priority, h.id),
+        ARRAY_AGG(h.serial_group ORDER BY h.priority, h.id),
+        ARRAY_AGG(h.mode ORDER BY h.priority, h.id)
+    INTO v_hids, v_hpriorities, v_hgroups, v_hmodes
+    FROM (
+        SELECT s.id, s.priority, s.serial_group, s.mode
+        FROM (
+            SELECT
+                g.id, g.priority, g.serial_group, g.mode, g.queue, g.created_at,
+                g.last_attempt_at, g.postponed_by, g.processed_by_broker
+            FROM {{ table }} AS g
+            WHERE
+                g.serial_group IS NOT NULL
+                AND g.state IN (1, 4, 6, 8)
+                AND g.priority BETWEEN v_min AND v_max
+            ORDER BY g.priority, g.id
+            LIMIT v_scan
+        ) AS s
+        WHERE
+            {{ in_queue('s') }}
+            AND {{ due('s') }}
+            AND s.id = (
+                SELECT x.id FROM {{ table }} AS x
+                WHERE x.serial_group = s.serial_group AND x.state IN (-1, 1, 4, 6, 8)
+                ORDER BY x.priority, x.id
+                LIMIT 1
+            )
+            AND NOT EXISTS (
+                SELECT 1 FROM {{ table }} AS r
+                WHERE r.serial_group = s.serial_group AND r.state = 2
+            )
+        ORDER BY s.priority, s.id
+        LIMIT v_head_candidates
+    ) AS h;
+
+    -- Too few heads among v_scan jobs (the first ones belong to busy groups, or are not heads):
+    -- every group's head, one index dive per group on {{ table }}_pending_head.
+    IF COALESCE(ARRAY_LENGTH(v_hids, 1), 0) < v_head_candidates
+        AND (
+            SELECT COUNT(*) FROM (
+                SELECT 1 FROM {{ table }} AS g
+                WHERE
+                    g.serial_group IS NOT NULL
+                    AND g.state IN (1, 4, 6, 8)
+                    AND g.priority BETWEEN v_min AND v_max
+                LIMIT v_scan
+            ) AS n
+        ) >= v_scan THEN
+        SELECT
+            ARRAY_AGG(hh.id ORDER BY hh.priority, hh.id),
+            ARRAY_AGG(hh.priority ORDER BY hh.priority, hh.id),
+            ARRAY_AGG(hh.serial_group ORDER BY hh.priority, hh.id),
+            ARRAY_AGG(hh.mode ORDER BY hh.priority, hh.id)
+        INTO v_hids, v_hpriorities, v_hgroups, v_hmodes
+        FROM (SELECT h.id, h.priority, h.serial_group, h.mode
+            FROM (
+                WITH RECURSIVE heads AS (
+                    (
+                        SELECT
+                            g.id, g.priority, g.serial_group, g.mode, g.state, g.queue, g.created_at,
+                            g.last_attempt_at, g.postponed_by, g.processed_by_broker
+                        FROM {{ table }} AS g
+                        WHERE
+                            g.serial_group IS NOT NULL
+                            AND g.state IN (-1, 1, 4, 6, 8)
+                        ORDER BY g.serial_group, g.priority, g.id
+                        LIMIT 1
+                    )
+                    UNION ALL
+                    SELECT n.*
+                    FROM heads AS h
+                    CROSS JOIN LATERAL (
+                        SELECT
+                            g.id, g.priority, g.serial_group, g.mode, g.state, g.queue, g.created_at,
+                            g.last_attempt_at, g.postponed_by, g.processed_by_broker
+                        FROM {{ table }} AS g
+                        WHERE
+                            g.serial_group > h.serial_group
+                            AND g.state IN (-1, 1, 4, 6, 8)
+                        ORDER BY g.serial_group, g.priority, g.id
+                        LIMIT 1
+                    ) AS n
+                )
+
+                SELECT * FROM heads
+            ) AS h
+            WHERE
+                h.state IN (1, 4, 6, 8)
+                AND h.priority BETWEEN v_min AND v_max
+                AND {{ in_queue('h') }}
+                AND {{ due('h') }}
+                AND NOT EXISTS (
+                    SELECT 1 FROM {{ table }} AS x
+                    WHERE x.serial_group = h.serial_group AND x.state = 2
+                )
+            ORDER BY h.priority, h.id
+            LIMIT v_head_candidates) AS hh;
+    END IF;
+
+    -- Up to p_limit ungrouped jobs (locked, skipping locked ones) and the heads, in (priority, id)
+    -- order.
     SELECT
         ARRAY_AGG(c.id ORDER BY c.priority, c.id),
         ARRAY_AGG(c.serial_group ORDER BY c.priority, c.id),
@@ -113,50 +229,8 @@ BEGIN
             FOR UPDATE SKIP LOCKED
         ) AS f
         UNION ALL
-        SELECT hh.id, hh.priority, hh.serial_group, hh.mode
-        FROM (SELECT h.id, h.priority, h.serial_group, h.mode
-        FROM (
-            WITH RECURSIVE heads AS (
-                (
-                    SELECT
-                        g.id, g.priority, g.serial_group, g.mode, g.state, g.queue, g.created_at,
-                        g.last_attempt_at, g.postponed_by, g.processed_by_broker
-                    FROM {{ table }} AS g
-                    WHERE
-                        g.serial_group IS NOT NULL
-                        AND g.state IN (-1, 1, 4, 6, 8)
-                    ORDER BY g.serial_group, g.priority, g.id
-                    LIMIT 1
-                )
-                UNION ALL
-                SELECT n.*
-                FROM heads AS h
-                CROSS JOIN LATERAL (
-                    SELECT
-                        g.id, g.priority, g.serial_group, g.mode, g.state, g.queue, g.created_at,
-                        g.last_attempt_at, g.postponed_by, g.processed_by_broker
-                    FROM {{ table }} AS g
-                    WHERE
-                        g.serial_group > h.serial_group
-                        AND g.state IN (-1, 1, 4, 6, 8)
-                    ORDER BY g.serial_group, g.priority, g.id
-                    LIMIT 1
-                ) AS n
-            )
-
-            SELECT * FROM heads
-        ) AS h
-        WHERE
-            h.state IN (1, 4, 6, 8)
-            AND h.priority BETWEEN v_min AND v_max
-            AND {{ in_queue('h') }}
-            AND {{ due('h') }}
-            AND NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS x
-                WHERE x.serial_group = h.serial_group AND x.state = 2
-            )
-        ORDER BY h.priority, h.id
-        LIMIT v_head_limit * 2 + 2) AS hh
+        SELECT u.id, u.priority, u.serial_group, u.mode
+        FROM UNNEST(v_hids, v_hpriorities, v_hgroups, v_hmodes) AS u (id, priority, serial_group, mode)
     ) AS c;
 
     -- One candidate at a time, in (priority, id) order, until p_limit are claimed. A group's row

@@ -1,4 +1,4 @@
--- bgq {{ table }}_hand_off, version 1 (PostgreSQL 15)
+-- bgq {{ table }}_hand_off, version 2 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_hand_off(p_results, p_group, p_queue, p_pid, p_min_priority,
@@ -30,6 +30,12 @@
 --   which re-checks it under the group lock (predecessor, UNIQUE duplicate, coalescing) and
 --   writes the claim (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id; postponed_by,
 --   error_message and metadata cleared). Only a 'claimed' head is returned.
+--   The common case takes a shorter way with the same effects: one FINISHED result without a
+--   copy, of a NORMAL or UNIQUE job of p_group, in a group with no WAITING job and no waiting
+--   head recorded (nothing to wake), whose next head is a NORMAL job without a coalescing
+--   threshold, not WAITING: the group row is locked, the result written (fenced), and the head
+--   claimed by one UPDATE under that lock (being the head in a group without a PROCESSING job
+--   is what {{ table }}_claim_job's predecessor check asks). Anything else goes the long way.
 -- Locks: those of {{ table }}_finish_results, then the group row FOR UPDATE SKIP LOCKED (held
 --   already when p_results finished a job of the group): a group row another transaction holds
 --   is not waited for, and nothing is claimed. Only a group that has no row yet gets it from
@@ -77,15 +83,124 @@ DECLARE
     v_written TEXT := '[]';
     v_head BIGINT;
     v_claimed BIGINT;
+    v_r JSON;
+    v_id BIGINT;
+    v_job_group VARCHAR;
+    v_job_mode VARCHAR;
+    v_waiting_head BIGINT;
+    v_finished INTEGER;
+    v_head_state SMALLINT;
+    v_head_mode VARCHAR;
+    v_head_threshold BIGINT;
     c RECORD;
 BEGIN
     IF p_group IS NULL THEN
         RAISE EXCEPTION 'bgq: hand_off needs a group' USING ERRCODE = 'BQ002';
     END IF;
 
-    IF p_results IS NOT NULL THEN
+    -- The short way (see Steps): one FINISHED result without a copy, of a job of p_group.
+    IF p_results IS NOT NULL AND JSON_TYPEOF(p_results::JSON) = 'array'
+        AND JSON_ARRAY_LENGTH(p_results::JSON) = 1 THEN
+        v_r := p_results::JSON -> 0;
+        v_id := (v_r ->> 'id')::BIGINT;
+        IF (v_r ->> 'state')::INTEGER = 3 AND v_r ->> 'clone_delay_ms' IS NULL THEN
+            -- serial_group and mode never change: a plain read.
+            SELECT j.serial_group, j.mode INTO v_job_group, v_job_mode
+            FROM {{ table }} AS j WHERE j.id = v_id;
+        END IF;
+    END IF;
+    IF v_job_group = p_group AND v_job_mode IN ('normal', 'unique') THEN
+        INSERT INTO {{ table }}_group AS g (serial_group, updated_at) VALUES (p_group, v_now)
+        ON CONFLICT (serial_group) DO UPDATE SET updated_at = EXCLUDED.updated_at
+        RETURNING g.waiting_head_id INTO v_waiting_head;
+        IF v_waiting_head IS NULL AND NOT EXISTS (
+            SELECT 1 FROM {{ table }} AS w WHERE w.serial_group = p_group AND w.state = 6
+        ) THEN
+            -- As {{ table }}_finish_results writes a FINISHED result.
+            UPDATE {{ table }} AS j
+            SET state = 3,
+                error_message = r.error,
+                postponed_by = r.postponed_by,
+                execution_time = r.execution_time,
+                memory = r.memory,
+                finished_at = v_now,
+                updated_at = v_now
+            FROM JSON_TO_RECORDSET(p_results::JSON) AS r (
+                id BIGINT, attempt INTEGER, error TEXT, postponed_by INTEGER,
+                execution_time INTEGER, memory JSON
+            )
+            WHERE j.id = v_id AND j.state = 2 AND j.number_of_attempts = r.attempt;
+            v_finished := CASE WHEN FOUND THEN 1 ELSE 0 END;
+
+            -- The group's head, if it is claimable here (one index dive).
+            SELECT h.id, h.state, h.mode, h.coalesce_threshold
+            INTO v_head, v_head_state, v_head_mode, v_head_threshold
+            FROM (
+                SELECT g.id, g.priority, g.state, g.queue, g.serial_group, g.created_at,
+                    g.last_attempt_at, g.postponed_by, g.processed_by_broker, g.mode,
+                    g.coalesce_threshold
+                FROM {{ table }} AS g
+                WHERE g.serial_group = p_group AND g.state IN (-1, 1, 4, 6, 8)
+                ORDER BY g.priority, g.id
+                LIMIT 1
+            ) AS h
+            WHERE
+                h.state IN (1, 4, 6, 8)
+                AND h.priority BETWEEN v_min AND v_max
+                AND {{ in_queue('h') }}
+                AND {{ due('h') }}
+                AND NOT EXISTS (
+                    SELECT 1 FROM {{ table }} AS x WHERE x.serial_group = p_group AND x.state = 2
+                );
+            IF v_head IS NULL OR (
+                v_head_state IN (1, 4, 8) AND v_head_mode = 'normal' AND v_head_threshold IS NULL
+            ) THEN
+                RETURN QUERY
+                SELECT
+                    v_id, NULL::INTEGER, NULL::VARCHAR, NULL::JSON, NULL::BYTEA, NULL::VARCHAR,
+                    NULL::INTEGER, NULL::VARCHAR, NULL::VARCHAR, NULL::VARCHAR, NULL::BIGINT,
+                    v_finished;
+                IF v_head IS NOT NULL THEN
+                    -- The same columns as {{ table }}_claim_job writes.
+                    RETURN QUERY
+                    UPDATE {{ table }} AS j
+                    SET state = 2,
+                        number_of_attempts = j.number_of_attempts + 1,
+                        last_attempt_at = v_now,
+                        pid = p_pid,
+                        postponed_by = NULL,
+                        error_message = NULL,
+                        metadata = NULL,
+                        worker_id = p_worker_id,
+                        updated_at = v_now
+                    WHERE j.id = v_head AND j.state IN (1, 4, 8)
+                    RETURNING
+                        j.id, j.number_of_attempts, j.callback_name, j.parameters_json,
+                        j.parameters, j.queue, j.priority, j.serial_group, j.identifier, j.mode,
+                        j.coalesce_threshold, NULL::INTEGER;
+                END IF;
+                RETURN;
+            END IF;
+            -- The head needs the long way: claim it as below (the result is written).
+            v_written := CASE
+                WHEN v_finished = 1 THEN JSON_BUILD_ARRAY(JSON_BUILD_OBJECT('id', v_id))::TEXT
+                ELSE '[]'
+            END;
+            p_results := JSON_BUILD_ARRAY(JSON_BUILD_OBJECT('id', v_id))::TEXT;
+            v_job_group := NULL;
+            v_head := NULL;
+        ELSE
+            v_job_group := NULL;
+            v_written := NULL;
+        END IF;
+    ELSE
+        v_written := NULL;
+    END IF;
+
+    IF p_results IS NOT NULL AND v_written IS NULL THEN
         v_written := {{ table }}_finish_results(p_results, v_now);
     END IF;
+    v_written := COALESCE(v_written, '[]');
 
     -- The group's head, if it is claimable here (one index dive).
     SELECT h.id INTO v_head

@@ -81,6 +81,11 @@ ON {{ table }} (serial_group, priority, id) WHERE state = 6;
 CREATE INDEX IF NOT EXISTS {{ table }}_ungrouped
 ON {{ table }} (priority, id) WHERE serial_group IS NULL AND state IN (1, 4, 6, 8);
 
+-- Grouped jobs `bgq work` may claim, in (priority, id) order (migration 0006_group_scan):
+-- {{ table }}_claim_batch reads the first few and keeps those that are their group's head.
+CREATE INDEX IF NOT EXISTS {{ table }}_grouped
+ON {{ table }} (priority, id) WHERE serial_group IS NOT NULL AND state IN (1, 4, 6, 8);
+
 CREATE INDEX IF NOT EXISTS {{ table }}_state ON {{ table }} (state, id);
 
 CREATE INDEX IF NOT EXISTS {{ table }}_identifier ON {{ table }} (identifier);

@@ -182,6 +182,54 @@ def test_a_group_with_a_processing_job_is_skipped(installed):
     assert states(installed, running, newcomer) == [2, 1]
 
 
+# More claimable grouped jobs than the claim's first scan reads (4 * (2 * 1 + 2) + 16 = 32 for
+# limit 1), all ahead of the only claimable head: it is found by the pass over every group.
+SCAN_1 = 32
+
+
+def _jobs(installed, count, **columns):
+    return [new_job(installed, **columns) for _ in range(count)]
+
+
+def test_a_head_behind_more_jobs_of_busy_groups_than_the_first_scan_reads_is_claimed(installed):
+    running = new_job(installed, group="busy", priority=0)
+    claimed(installed, running)
+    queued = _jobs(installed, SCAN_1 + 6, group="busy", priority=0)
+    other = new_job(installed, group="other-busy", priority=0)
+    claimed(installed, other)
+    _jobs(installed, 3, group="other-busy", priority=0)
+    idle_head = new_job(installed, group="idle", priority=1)
+    idle_next = new_job(installed, group="idle", priority=1)
+
+    assert ids(claim_batch(installed, 1, max_heads=1)) == [idle_head]
+    assert states(installed, queued[0], queued[-1], idle_next) == [1, 1, 1]
+
+
+@pytest.mark.parametrize("case", ["back-to-broker", "other-queue"])
+def test_jobs_behind_an_unclaimable_head_are_never_claimed_however_many(installed, case):
+    """The first scan reads only jobs of group g that are not its head (its head is in state -1
+    or in another queue): none of them may be claimed, however far the claim looks."""
+    head = new_job(installed, group="g", priority=0, queue="other" if case == "other-queue" else QUEUE)
+    if case == "back-to-broker":
+        set_row(installed, head, state=-1)
+    behind = _jobs(installed, SCAN_1 + 6, group="g", priority=0)
+    last = new_job(installed, group="h", priority=1)
+
+    assert ids(claim_batch(installed, 1, max_heads=1)) == [last]
+    assert ids(claim_batch(installed, 1, max_heads=1)) == []
+    assert set(states(installed, *behind)) == {1}
+
+
+def test_the_first_scan_takes_heads_in_priority_then_id_order_past_non_heads(installed):
+    """Within the first scan: a group's later jobs are skipped, the next groups' heads taken."""
+    a = _jobs(installed, 3, group="a", priority=0)
+    b = _jobs(installed, 2, group="b", priority=0)
+    c = new_job(installed, group="c", priority=1)
+    first = claim_batch(installed, 2, max_heads=2)
+    assert ids(first) == [a[0], b[0]]
+    assert ids(claim_batch(installed, 2, max_heads=2)) == [c]
+
+
 @pytest.mark.parametrize("done_state", [3, 5, 7])
 def test_finished_and_failed_jobs_do_not_head_their_group(installed, done_state):
     old = new_job(installed, group="g", priority=0)

@@ -19,6 +19,7 @@ from tests.support.helpers import (
     claim_batch,
     claimed,
     finish,
+    finish_batch,
     group_row,
     hand_off,
     held_transaction,
@@ -320,3 +321,78 @@ def test_a_bad_result_raises_and_neither_writes_nor_claims(installed, case):
     assert type(_fails_even_if_committed(installed, results, "h")) is bgq.DatabaseError
 
     assert {j: row(installed, j) for j in (job, other, nxt)} == before
+
+
+# --- the short way (one FINISHED result, a plain next head) and the long way agree ---
+
+_WRITTEN = (
+    "state",
+    "number_of_attempts",
+    "error_message",
+    "postponed_by",
+    "execution_time",
+    "memory",
+    "finished_at",
+    "updated_at",
+    "pid",
+    "metadata",
+    "worker_id",
+)
+
+
+@pytest.mark.parametrize("memory", [None, {"rss": 12, "peak": [1, 2]}], ids=["no-memory", "memory"])
+def test_a_finished_result_is_stored_as_finish_batch_stores_it(installed, memory):
+    a = new_job(installed, group="g")
+    new_job(installed, group="g")
+    b = new_job(installed, group="h")
+    attempts = {c.id: c.claim.attempt for c in claim_batch(installed, 10)}
+    result = {"error": "note", "postponed_by": 5, "execution_time": 7, "memory": memory}
+
+    written, got = hand_off(installed, "g", [JobResult(a, attempts[a], 3, **result)], now=at(2))
+    assert finish_batch(installed, [JobResult(b, attempts[b], 3, **result)], now=at(2)) == {b: True}
+
+    assert written == {a: True} and len(got) == 1
+    assert {k: row(installed, a)[k] for k in _WRITTEN} == {k: row(installed, b)[k] for k in _WRITTEN}
+
+
+@pytest.mark.parametrize("case", ["unique-redundant", "coalescing", "waiting-behind"])
+def test_a_head_that_needs_the_long_way_is_claimed_as_claim_job_claims_it(installed, case):
+    """A UNIQUE head with an older row of its identifier turns REDUNDANT and is not claimed; a
+    head with a coalescing threshold coalesces the group's later jobs; a group with a WAITING job
+    is woken. The result is written either way."""
+    if case == "unique-redundant":
+        new_job(installed, identifier="u", mode="unique")  # the older row of the identifier
+    a = new_job(installed, group="g")
+    attempt = claimed(installed, a, now=T0)
+    if case == "unique-redundant":
+        head = new_job(installed, group="g", identifier="u", mode="unique")
+    else:
+        head = new_job(installed, group="g", threshold=3 if case == "coalescing" else None)
+    later = new_job(installed, group="g", threshold=5 if case == "coalescing" else None)
+    if case == "waiting-behind":
+        set_row(installed, later, state=6)
+
+    written, got = hand_off(installed, "g", [JobResult(a, attempt, 3)], now=at(1))
+
+    assert written == {a: True} and state(installed, a) == 3
+    if case == "unique-redundant":
+        assert (ids(got), state(installed, head)) == ([], 7)
+    elif case == "coalescing":
+        assert (ids(got), states(installed, head, later)) == ([head], [2, 7])
+    else:
+        assert (ids(got), states(installed, head, later)) == ([head], [2, 6])
+        assert group_row(installed, "g")["waiting_head_id"] == later  # the wake recorded it
+
+
+def test_a_result_of_another_group_is_written_and_this_groups_head_claimed(installed):
+    a = new_job(installed, group="g")
+    g_next = new_job(installed, group="g")
+    h = new_job(installed, group="h")
+    attempts = {c.id: c.claim.attempt for c in claim_batch(installed, 10)}
+    assert sorted(attempts) == [a, h]
+
+    written, got = hand_off(installed, "h", [JobResult(a, attempts[a], 3)], now=at(1))
+
+    assert written == {a: True}
+    assert (ids(got), states(installed, a, g_next, h)) == ([], [3, 1, 2])
+    assert ids(hand_off(installed, "g", now=at(2))[1]) == [g_next]

@@ -82,9 +82,13 @@ def new_job(
         return procs(installed).insert(conn, job)
 
 
+#: MySQL's generated columns (never set by hand, left out of `row`).
+_GENERATED = ("running_group", "pending_group", "ungrouped_priority", "grouped_priority")
+
+
 def set_row(installed: Any, job_id: int, **columns: Any) -> None:
     """Set columns of a job by raw SQL (a state set by hand); never the MySQL generated columns."""
-    assert not {"running_group", "pending_group", "ungrouped_priority"} & columns.keys()
+    assert not set(_GENERATED) & columns.keys()
     assignments = ", ".join(f"{name} = %s" for name in columns)
     installed.sql(f"UPDATE {{t}} SET {assignments} WHERE id = %s", (*columns.values(), job_id))
 
@@ -94,9 +98,7 @@ def row(installed: Any, job_id: int) -> dict[str, Any] | None:
     rows = installed.sql("SELECT * FROM {t} WHERE id = %s", (job_id,))
     if not rows:
         return None
-    out = {
-        k: v for k, v in rows[0].items() if k not in ("running_group", "pending_group", "ungrouped_priority")
-    }
+    out = {k: v for k, v in rows[0].items() if k not in _GENERATED}
     for name in _TIME_COLUMNS:
         out[name] = utc(out[name])
     for name in _JSON_COLUMNS:
