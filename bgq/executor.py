@@ -245,7 +245,8 @@ class Executor:
         error (deadlock, lock timeout, lost connection) is logged at WARNING, with `failure` as the
         message; a non-retryable one, and the last failure, at CRITICAL with its traceback."""
         for attempt, pause in enumerate(PERSIST_PAUSES):
-            time.sleep(pause)
+            if pause:  # the first try goes at once (sleep(0) would still give the CPU away)
+                time.sleep(pause)
             try:
                 with self.store.database.transaction() as conn:
                     return call(conn)
