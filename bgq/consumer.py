@@ -311,7 +311,13 @@ class _Loop:
                     batch, self.done = self.done, []
                     closing = self.closing
                 if batch:
-                    self._write(batch)
+                    try:
+                        self._write(batch)
+                    except Exception as exc:  # the writer must outlive any one batch (see below)
+                        # Reached only past Executor.persist's own retries, e.g. by a follow-up
+                        # send: what was written stays written; an unwritten job stays
+                        # PROCESSING for the reaper, an unsent one READY for the lost-message pass.
+                        self.log.critical("bgq: Writing results failed; going on.", exc_info=exc)
                 elif closing:
                     return
 
@@ -371,7 +377,12 @@ class _Loop:
         for d in batch:
             held, result = d.held, results.get(d.held.job_id, FinishResult(False, None, None, None))
             if d.outcome is not None:
-                executor.after_finish(held.job_id, held.claim, d.outcome, result, d.clone_delay_ms)
+                try:
+                    executor.after_finish(held.job_id, held.claim, d.outcome, result, d.clone_delay_ms)
+                except Exception as exc:  # one job's follow-up must not cost the others theirs
+                    self.log.critical(
+                        f"bgq: Following up a written result failed. (ID: {held.job_id})", exc_info=exc
+                    )
             elif result.finished:  # given back: its message was acknowledged, so it is sent again
                 given_back.append(
                     (held.job_id, held.claim.queue or self.base, held.claim.priority or 0, None)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from . import outbox
+import functools
+
+from . import outbox, retry
 from .config import Config
 from .errors import BgqError
 from .store import Store
@@ -20,7 +22,11 @@ class Sender:
         self.store = store
 
     def send(self, jobs: list[Message]) -> None:
-        """Send job ids to the broker; a failed send marks the job BROKER_FAILED for `bgq process`."""
+        """Send job ids to the broker; a failed send marks the job BROKER_FAILED for `bgq process`.
+
+        Never raises for a job the database holds already: when the broker and then the mark
+        fail too (the database cut as well), the job stays READY without a message, which the
+        lost-message pass sends again after lost_message_timeout; the other jobs are still sent."""
         producer = self.config.producer
         if producer is None:
             return
@@ -28,11 +34,17 @@ class Sender:
             try:
                 producer.publish(job_id, queue, priority, delay_ms or None)
             except BgqError as exc:
-                self.config.logger.critical(
-                    f"bgq: Publishing to the broker failed. (ID: {job_id})", exc_info=exc
-                )
-                with self.store.database.transaction() as conn:
-                    self.store.procs.broker_failed(conn, job_id, f"{type(exc).__name__}: {exc}")
+                log = self.config.logger
+                log.critical(f"bgq: Publishing to the broker failed. (ID: {job_id})", exc_info=exc)
+                error = f"{type(exc).__name__}: {exc}"
+                try:
+                    mark = functools.partial(self.store.procs.broker_failed, job_id=job_id, error=error)
+                    retry.in_transaction(self.store.database, mark)
+                except BgqError as failed:
+                    log.critical(
+                        "bgq: Marking the job BROKER_FAILED failed as well; the lost-message pass "
+                        f"sends it again. (ID: {job_id}; {failed})"
+                    )
 
     def send_pending(self, items: list[outbox.Pending]) -> None:
         """The outbox's flush after the application's commit."""

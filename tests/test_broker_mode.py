@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import multiprocessing
@@ -324,3 +325,38 @@ def test_connection_publishing_works_on_every_checkout_of_a_pooled_connection(
         assert rabbit.bodies(f"{rabbit.base}_1") == [str(i) for i in ids]
     finally:
         engine.dispose()
+
+
+def test_a_send_whose_broker_failed_mark_also_fails_logs_it_and_sends_the_others(
+    make_queue, installed, monkeypatch, caplog
+):
+    """The broker refuses one id and the database is cut as the job is marked BROKER_FAILED: send()
+    does not raise (the job is READY in the table, the lost-message pass sends it again), logs
+    both failures, and still sends the jobs after it."""
+    from bgq import ConnectionLostError
+    from bgq.broker import BrokerError
+
+    class Refusing:
+        sent: list[int] = []
+
+        def publish(self, job_id, queue, priority, delay_ms):
+            if job_id == first:
+                raise BrokerError("refused")
+            self.sent.append(job_id)
+
+    queue = make_queue()
+    first, second = queue.publish("noop"), queue.publish("noop")
+    producer = Refusing()
+    monkeypatch.setattr(queue.sender, "config", dataclasses.replace(queue.config, producer=producer))
+
+    def cut(*args, **kwargs):
+        raise ConnectionLostError("cut")
+
+    monkeypatch.setattr(queue.store.procs, "broker_failed", cut)
+    monkeypatch.setattr("bgq.retry.time.sleep", lambda seconds: None)
+    with caplog.at_level(logging.CRITICAL, logger="bgq"):
+        queue.sender.send([(first, "general", 1, None), (second, "general", 1, None)])
+    assert producer.sent == [second]
+    assert f"Publishing to the broker failed. (ID: {first})" in caplog.text
+    assert f"BROKER_FAILED failed as well; the lost-message pass sends it again. (ID: {first};" in caplog.text
+    assert state_of(installed, first) == JobState.READY

@@ -4,6 +4,7 @@ group taken in one batch still runs in order and one job at a time."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -194,3 +195,28 @@ def test_claim_ids_claims_each_job_as_claim_would_in_one_call(installed):
     with installed.db.transaction() as conn:  # a second call changes nothing
         again = procs(installed).claim_ids(conn, [plain, head], QUEUE, PID, WAITING_MS, T0)
     assert [r.outcome for _, r in again] == ["unexpected", "unexpected"]
+
+
+def test_a_failing_follow_up_costs_no_other_job_its_result_or_follow_up(
+    broker_queue, installed, monkeypatch, caplog
+):
+    """A follow-up that raises after a result is written (in production: a broker send whose
+    BROKER_FAILED mark met a cut database) must not end the writer thread: every later result is
+    still written, so no job is left PROCESSING for the reaper to run again."""
+    monkeypatch.setattr(bgq.consumer, "FIRST_ESTIMATE", 1e-6)
+    queue = broker_queue(callbacks={"noop": lambda: None})
+    ids = [queue.publish("noop") for _ in range(6)]
+    after_finish, calls = queue.executor.after_finish, []
+
+    def failing_once(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 1:
+            raise RuntimeError("a follow-up failed")
+        return after_finish(*args, **kwargs)
+
+    monkeypatch.setattr(queue.executor, "after_finish", failing_once)
+    with caplog.at_level(logging.CRITICAL, logger="bgq"), GracefulStop() as stop:
+        assert bgq.consumer.consume(queue, None, 6, [1], stop, batch_max=1) == 0
+    assert f"Following up a written result failed. (ID: {calls[0]})" in caplog.text
+    assert sorted(calls) == sorted(ids)  # every other job's follow-up still ran
+    assert [state_of(installed, i) for i in ids] == [JobState.FINISHED] * 6
