@@ -132,6 +132,7 @@ class _Loop:
         self.done: list[_Done] = []
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
+        self.writing = 0  # results the writer has taken and not yet written
         self.closing = False
 
     # --- main thread ---
@@ -146,6 +147,8 @@ class _Loop:
                 if held is not None:
                     self._run(held)
                     continue
+                if not self._writer_caught_up():
+                    continue
                 if self._take() == "die":
                     return
         finally:
@@ -153,7 +156,7 @@ class _Loop:
                 self.closing = True
                 self.done.extend(_Done(h, None) for h in self.held)
                 self.held.clear()
-                self.wake.notify()
+                self.wake.notify_all()
             writer.join()
 
     def _finished(self) -> bool:
@@ -277,7 +280,7 @@ class _Loop:
         with self.lock:
             self._release_stale()
             if self.done:
-                self.wake.notify()
+                self.wake.notify_all()
             return self.held.popleft() if self.held else None
 
     def _run(self, held: _Held) -> None:
@@ -294,7 +297,7 @@ class _Loop:
         self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - started)
         with self.lock:
             self.done.append(_Done(held, outcome, executor.clone_delay(held.claim, outcome)))
-            self.wake.notify()
+            self.wake.notify_all()
         if outcome.die:
             executor.should_die = True
 
@@ -309,6 +312,7 @@ class _Loop:
                     )
                     self._release_stale()
                     batch, self.done = self.done, []
+                    self.writing = len(batch)
                     closing = self.closing
                 if batch:
                     try:
@@ -318,8 +322,22 @@ class _Loop:
                         # send: what was written stays written; an unwritten job stays
                         # PROCESSING for the reaper, an unsent one READY for the lost-message pass.
                         self.log.critical("bgq: Writing results failed; going on.", exc_info=exc)
+                    finally:
+                        with self.lock:
+                            self.writing = 0
+                            self.wake.notify_all()
                 elif closing:
                     return
+
+    def _writer_caught_up(self) -> bool:
+        """Backpressure, as in bgq work: True once fewer than `batch_max` results wait to be
+        written; no message is taken until then (results run but not recorded stay about one
+        commit's worth). False after POLL_SECONDS of waiting, so the loop looks at its stop
+        flag."""
+        with self.lock:
+            return self.wake.wait_for(
+                lambda: len(self.done) + self.writing < self.batch_max or self.closing, timeout=POLL_SECONDS
+            )
 
     def _stale(self) -> bool:
         return bool(self.held) and time.monotonic() - self.held[0].held_since > self.hold

@@ -155,6 +155,7 @@ class _Worker:
         self.done: list[_Done] = []
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
+        self.writing = 0  # results the writer has taken and not yet written
         self.closing = False
         self.limit = limit  # cron mode: run at most this many jobs, stop when idle
         self.deadline = deadline  # cron mode: claim nothing after this time.monotonic()
@@ -192,6 +193,8 @@ class _Worker:
                     continue
                 if self._spent():
                     break
+                if not self._writer_caught_up():
+                    continue
                 try:
                     if self._claim(self._size()):
                         idle, empty = POLL_MIN, 0
@@ -218,7 +221,7 @@ class _Worker:
                 self.closing = True
                 self.done.extend(_Done(h.job, None) for h in self.held)
                 self.held.clear()
-                self.wake.notify()
+                self.wake.notify_all()
             writer.join()
             if waker is not None:
                 waker.close()
@@ -270,7 +273,7 @@ class _Worker:
         with self.lock:
             self._release_stale()
             if self.done:
-                self.wake.notify()
+                self.wake.notify_all()
             return self.held.popleft() if self.held else None
 
     def _claim(self, size: int) -> int:
@@ -322,7 +325,7 @@ class _Worker:
         if group is None or self._spent():  # the writer writes it (nothing more to claim: too)
             with self.lock:
                 self.done.append(done)
-                self.wake.notify()
+                self.wake.notify_all()
         elif self._rotate(group):  # written now, so that the full claim next may take the group too
             self._write([done])
         else:  # the hand-off: the group's next head runs next
@@ -396,11 +399,28 @@ class _Worker:
                 self.wake.wait_for(lambda: self.done or self.closing or self._stale(), timeout=self.hold / 4)
                 self._release_stale()
                 batch, self.done = self.done, []
+                self.writing = len(batch)
                 closing = self.closing
             if batch:
-                self._write(batch)
+                try:
+                    self._write(batch)
+                finally:
+                    with self.lock:
+                        self.writing = 0
+                        self.wake.notify_all()
             elif closing:
                 return
+
+    def _writer_caught_up(self) -> bool:
+        """Backpressure: True once fewer than `batch_max` results wait to be written (taken by
+        the writer or not); the worker claims nothing more until then. Without it a writer slower
+        than the callbacks (fast jobs, a slow commit) fell behind without bound: tens of thousands
+        of jobs run but not recorded, all to run again if the process died. False after
+        STOP_CHECK seconds of waiting, so the caller looks at its stop flag."""
+        with self.lock:
+            return self.wake.wait_for(
+                lambda: len(self.done) + self.writing < self.batch_max or self.closing, timeout=STOP_CHECK
+            )
 
     def _stale(self) -> bool:
         return bool(self.held) and time.monotonic() - self.held[0].held_since > self.hold

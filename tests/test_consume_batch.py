@@ -220,3 +220,32 @@ def test_a_failing_follow_up_costs_no_other_job_its_result_or_follow_up(
     assert f"Following up a written result failed. (ID: {calls[0]})" in caplog.text
     assert sorted(calls) == sorted(ids)  # every other job's follow-up still ran
     assert [state_of(installed, i) for i in ids] == [JobState.FINISHED] * 6
+
+
+def test_a_slow_writer_holds_back_the_takes_so_few_results_wait_unwritten(
+    broker_queue, installed, monkeypatch
+):
+    """Backpressure, as in bgq work: with commits slower than the jobs, no message is taken while
+    `batch_max` results wait to be written (jobs run but not recorded stay about two batches)."""
+    monkeypatch.setattr(bgq.consumer, "FIRST_ESTIMATE", 1e-6)
+    ran, written, unwritten = [0], [0], []
+
+    def job() -> None:
+        ran[0] += 1
+        unwritten.append(ran[0] - written[0])
+
+    queue = broker_queue(callbacks={"job": job})
+    ids = [queue.publish("job") for _ in range(120)]
+    finish_batch = queue.store.procs.finish_batch
+
+    def slow_finish_batch(conn, results, *args, **kwargs):
+        time.sleep(0.05)
+        out = finish_batch(conn, results, *args, **kwargs)
+        written[0] += len(results)
+        return out
+
+    monkeypatch.setattr(queue.store.procs, "finish_batch", slow_finish_batch)
+    with GracefulStop() as stop:
+        assert bgq.consumer.consume(queue, None, 120, [1], stop, batch_max=5) == 0
+    assert [state_of(installed, i) for i in ids] == [JobState.FINISHED] * 120
+    assert max(unwritten) <= 2 * 5, max(unwritten)
