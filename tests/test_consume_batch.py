@@ -244,7 +244,16 @@ def test_a_slow_writer_holds_back_the_takes_so_few_results_wait_unwritten(
         written[0] += len(results)
         return out
 
+    finish = queue.store.procs.finish
+
+    def slow_finish(conn, *args, **kwargs):  # a batch of one result is written by finish
+        time.sleep(0.05)
+        out = finish(conn, *args, **kwargs)
+        written[0] += 1
+        return out
+
     monkeypatch.setattr(queue.store.procs, "finish_batch", slow_finish_batch)
+    monkeypatch.setattr(queue.store.procs, "finish", slow_finish)
     with GracefulStop() as stop:
         assert bgq.consumer.consume(queue, None, 120, [1], stop, batch_max=5) == 0
     assert [state_of(installed, i) for i in ids] == [JobState.FINISHED] * 120
