@@ -313,7 +313,8 @@ fraction of the floor of its dialect: enqueue and 1-worker cells against the 1-c
 
 - **bgq work** (`bgq-pg-work`, `bgq-my-work`): worker processes call `bgq.work.work(queue,
   sub_queue=None, priorities=None, stop=stop)` inside `bgq.stopping.GracefulStop`, which is what
-  `bgq work` runs. On PostgreSQL they wake on LISTEN/NOTIFY, on MariaDB they poll adaptively.
+  `bgq work` runs. On PostgreSQL they wake on LISTEN/NOTIFY, on MariaDB on a `SELECT MAX(id)` probe
+  every 5 ms (the claims themselves back off from 5 ms to `--poll`).
   Enqueue: `Queue.publish()` per job; bulk: `start_bulk()` / `end_bulk()` with `bulk_size=500`.
   Groups: `serial_group="one"` or `"g<i % 100>"`.
 - **bgq broker** (`bgq-pg-broker`, `bgq-my-broker`): the same table, producer
@@ -408,8 +409,8 @@ sample is thus publish (with its commit) + wake-up + claim + callback start. The
 {LATENCY_WARMUP} samples are warm-up and dropped; p50, p99 and max are nearest-rank over the
 remaining ones; a run stops after {args.latency_timeout:.0f} s with the samples it has.
 
-- bgq work: PostgreSQL wakes the worker by NOTIFY (a trigger on insert); MariaDB by its adaptive
-  poll, whose interval the pause between jobs influences.
+- bgq work: PostgreSQL wakes the worker by NOTIFY (a trigger on insert); MariaDB by a probe of the
+  table's newest id (`SELECT MAX(id)`) every 5 ms on the idle worker's own connection.
 - bgq broker: `consume` on RabbitMQ; `publish()` commits the row, then sends the id.
 - bgq cron: not measured: a job waits for the next `bgq process` (cron starts it once a minute).
 - procrastinate: `run_worker(concurrency=1)` with `listen_notify` (its default; polls every 5 s
