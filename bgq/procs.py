@@ -282,11 +282,16 @@ class Procs:
         self._insert_many_sql = _insert_many_sql(table, now)
         self._insert_many_sql_clocked = _insert_many_sql(table, "%s::timestamptz")
 
-    def _call(self, conn: Connection, proc: Proc, *args: Any) -> list[dict[str, Any]]:
+    def _clocked(self, proc: Proc, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """`args` with the configured clock's time in a p_now left None (no clock: as given)."""
         if self.clock is not None:
             at = next((i for i, (name, _) in enumerate(proc.params) if name == "p_now"), None)
             if at is not None and at < len(args) and args[at] is None:
-                args = (*args[:at], read_clock(self.clock), *args[at + 1 :])
+                return (*args[:at], read_clock(self.clock), *args[at + 1 :])
+        return args
+
+    def _call(self, conn: Connection, proc: Proc, *args: Any) -> list[dict[str, Any]]:
+        args = self._clocked(proc, args)
         return self.db.call(conn, self.table, proc, args)
 
     def _call_raw(
@@ -303,10 +308,7 @@ class Procs:
         function's statement is atomic, and its locks last until it ends, which is the
         transaction's end). The transaction's COMMIT then has nothing to do (psycopg sends
         nothing). On MySQL a CALL is not atomic by itself, so `alone` changes nothing there."""
-        if self.clock is not None:
-            at = next((i for i, (name, _) in enumerate(proc.params) if name == "p_now"), None)
-            if at is not None and at < len(args) and args[at] is None:
-                args = (*args[:at], read_clock(self.clock), *args[at + 1 :])
+        args = self._clocked(proc, args)
         if len(args) != len(proc.params):
             raise TypeError(f"{proc.name} takes {len(proc.params)} arguments, got {len(args)}")
         driver_error: type[Exception] = self.db.engine.dialect.loaded_dbapi.Error
