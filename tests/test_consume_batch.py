@@ -33,10 +33,10 @@ def _full_batches() -> None:
     bgq.consumer.FIRST_ESTIMATE = 1e-6
 
 
-def consume_in_batches(url, table, ledger, amqp_url, base, jobs=0, stalled=0) -> None:
+def consume_in_batches(url, table, ledger, amqp_url, base, jobs=0, stalled=0, backoff=None) -> None:
     """A consumer process whose batches are full from its first take."""
     _full_batches()
-    ledger_worker.consume_ledger(url, table, ledger, amqp_url, base, jobs, stalled)
+    ledger_worker.consume_ledger(url, table, ledger, amqp_url, base, jobs, stalled, backoff)
 
 
 def consume_then_die_before_acking(url, table, ledger, amqp_url, base) -> None:
@@ -101,7 +101,8 @@ def test_a_consumer_killed_between_the_claim_commit_and_the_acks_runs_no_job_twi
 ):
     """The victim claims a batch of five and is killed before it acknowledges any: the five
     messages come back, the survivor finds the jobs PROCESSING (claimed: 'unexpected') and drops
-    the copies; its reaper gives the jobs back after stalled_job_timeout and each runs once."""
+    the copies; its reaper gives the jobs back after stalled_job_timeout (with no backoff, so
+    the test does not wait out the default minute) and each runs once."""
     queue = broker_queue(callbacks={"ledger": ledger_worker.ledger_job})
     ids = [queue.publish("ledger", [f"k{i}"]) for i in range(5)]
     victim = _process(
@@ -113,7 +114,7 @@ def test_a_consumer_killed_between_the_claim_commit_and_the_acks_runs_no_job_twi
     assert ledger_worker.read_ledger(installed.url, ledger) == []
     assert _wait_for(lambda: rabbit.count(f"{rabbit.base}_1") == 5, 10)  # unacknowledged: back
     survivor = _process(
-        consume_in_batches, installed.url, installed.table, ledger, AMQP_URL, rabbit.base, 0, 2
+        consume_in_batches, installed.url, installed.table, ledger, AMQP_URL, rabbit.base, 0, 2, 0
     )
     try:
         assert _wait_for(lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids), 90)

@@ -118,10 +118,12 @@ def slow_once_job(token: str, grp: str | None = None, seconds: float = 30.0) -> 
 
 
 def consume_ledger(
-    url: str, table: str, ledger: str, amqp_url: str, base_queue: str, jobs: int = 0, stalled: int = 0
-) -> None:
+    url: str, table: str, ledger: str, amqp_url: str, base_queue: str, jobs: int = 0, stalled: int = 0,
+    backoff: int | None = None,
+) -> None:  # fmt: skip
     """A `bgq consume` worker process: SIGTERM stops it after the running job; 'die' stops it.
-    `stalled`: its stalled_job_timeout (0: its reaper is off)."""
+    `stalled`: its stalled_job_timeout (0: its reaper is off); `backoff`: its stalled_job_backoff
+    (None: the default, a minute or more before a reaped job runs again)."""
     from bgq.broker.rabbitmq import RabbitMQ
     from bgq.consumer import GracefulStop, consume
 
@@ -135,6 +137,7 @@ def consume_ledger(
         priorities=[1, 2, 3],
         producer=RabbitMQ(amqp_url),
         stalled_job_timeout=stalled,
+        stalled_job_backoff=backoff,
     )
     with GracefulStop() as stop:
         code = consume(queue, None, jobs, [1, 2, 3], stop)
