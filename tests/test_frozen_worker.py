@@ -148,12 +148,12 @@ def test_a_session_frozen_in_the_hand_off_stalls_others_within_the_bound(make_qu
 
 
 def test_sigstopped_workers_hold_up_the_others_only_within_the_bound(make_queue, installed, cli, dialect):  # noqa: F811
-    """Three `bgq work` processes on six groups and ungrouped jobs; three times, one of them
+    """Three `bgq work` processes on six groups and ungrouped jobs; twice, one of them
     (chosen at random, at a random instant: in a callback, a claim, a hand-off or a batch
-    write) is SIGSTOPped for 9 s and then continued. The other two never go more than BOUND
-    seconds without finishing a job; the frozen one works again after SIGCONT (its cut session
-    replaced); no job ran twice and no group overlapped or ran out of order."""
-    freeze = 9.0
+    write) is SIGSTOPped for longer than BOUND and then continued. The other two never go more
+    than BOUND seconds without finishing a job; the frozen one works again after SIGCONT (its
+    cut session replaced); no job ran twice and no group overlapped or ran out of order."""
+    freeze = BOUND + 2.0  # longer than the bound: others blocked for the whole freeze would fail
     rng = random.Random(int(time.time()))
     runner = cli()
     workers = {p.pid: p for p in (runner.start("work") for _ in range(3))}
@@ -161,7 +161,7 @@ def test_sigstopped_workers_hold_up_the_others_only_within_the_bound(make_queue,
     jobs = _publish(make_queue, _backlog(per_group=500, seed=7, ungrouped=300))
     wait_until(lambda: _ends(runner) >= 50, 60, "the workers to be busy", interval=0.1)
     figures = []
-    for _ in range(3):
+    for _ in range(2):
         time.sleep(rng.uniform(0.2, 1.5))
         victim = rng.choice(sorted(workers))
         os.kill(victim, signal.SIGSTOP)
