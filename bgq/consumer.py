@@ -1,7 +1,8 @@
 """`bgq consume`: job ids from the broker in batches, claimed together, acknowledged, run, written together.
 
 One consumer process runs one job at a time on its main thread and keeps a second thread, the
-writer, for the results:
+writer, for the results (bgq/pipeline.py, shared with `bgq work`: held jobs, the writer thread,
+give-backs, backpressure):
 
 - Messages: `take_batch` takes up to `size` ids from the most preferred queue that has messages
   waiting (the control queue first; a batch comes from one queue, so priorities are kept batch by
@@ -21,6 +22,9 @@ writer, for the results:
   one transaction while the main thread runs the next job (group commit): `{table}_finish_batch`
   for ungrouped jobs without a copy (nothing to publish after them), `{table}_finish` for the
   others (their promoted successor or copy is published once the transaction has committed).
+  No batch is taken while `batch_max` results wait to be written (backpressure). An exception out
+  of one write is logged at CRITICAL and the writer goes on; one job's failing follow-up costs no
+  other job its own.
 - A claimed job that has not started within HOLD_SECONDS (and half of stalled_job_timeout) is
   given back (state READY, attempts restored) by the writer and its id sent again, so a slow job
   never holds the rest of its batch hostage. SIGTERM / SIGINT: the running job finishes and its
@@ -34,19 +38,17 @@ import functools
 import json
 import logging
 import os
-import threading
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection
 
 from .broker import DIE, BrokerError, Consumer, Delivery
 from .errors import BgqError, ConfigError
 from .executor import PAUSED_RETRY_MS
-from .model import ClaimResult, FinishResult, JobResult, JobState, Outcome, WorkerMode
+from .model import Claimed, ClaimResult, FinishResult, WorkerMode
 from .parts import Parts
+from .pipeline import Done, Held, Pipeline, failure, follow_up, hold_for, result
 from .sender import Message
 from .stopping import GracefulStop
 from .workers import Registry
@@ -59,25 +61,6 @@ HOLD_SECONDS = 1.0  # a claimed job not started within this is given back
 #: The first estimate of a job's duration: "slow", so the first batch is one message, and the
 #: batches grow as jobs prove fast.
 FIRST_ESTIMATE = BATCH_BUDGET
-
-
-@dataclass
-class _Held:
-    """A claimed job waiting its turn on the main thread."""
-
-    job_id: int
-    claim: ClaimResult
-    claimed_at: float  # time.monotonic() taken before the claim's transaction began
-    held_since: float  # time.monotonic() once the claim had committed: the hold counts from here
-
-
-@dataclass
-class _Done:
-    """A job's result to write."""
-
-    held: _Held
-    outcome: Outcome | None  # None: given back unstarted
-    clone_delay_ms: int | None = None
 
 
 def consume(
@@ -123,47 +106,41 @@ class _Loop:
         self.stop = stop
         self.jobs = jobs
         self.batch_max = batch_max
-        timeout = self.config.stalled_job_timeout
-        self.hold = min(HOLD_SECONDS, timeout / 2) if timeout else HOLD_SECONDS
         self.pid = os.getpid()
         self.handled = 0  # messages handled (`-j N` counts these)
         self.seconds_per_job = FIRST_ESTIMATE  # a moving average of the jobs' durations
-        self.held: deque[_Held] = deque()
-        self.done: list[_Done] = []
-        self.lock = threading.Lock()
-        self.wake = threading.Condition(self.lock)
-        self.writing = 0  # results the writer has taken and not yet written
-        self.closing = False
+        self.pipeline = Pipeline(
+            self._write,
+            log=self.log,
+            pinned=self.store.database.pinned,
+            batch_max=batch_max,
+            hold_seconds=hold_for(self.config.stalled_job_timeout, HOLD_SECONDS),
+            wait=POLL_SECONDS,
+            name="bgq-consume-writer",
+        )
 
     # --- main thread ---
 
     def run(self) -> None:
-        writer = threading.Thread(target=self._writer, name="bgq-consume-writer", daemon=True)
-        writer.start()
+        self.pipeline.start()
         try:
             while not self._finished():
                 self.queue.scheduler.tick()  # fires due schedules, at most once a second
-                held = self._next()
+                held = self.pipeline.next()
                 if held is not None:
                     self._run(held)
                     continue
-                if not self._writer_caught_up():
+                if not self.pipeline.caught_up():  # backpressure
                     continue
                 if self._take() == "die":
                     return
         finally:
-            with self.lock:
-                self.closing = True
-                self.done.extend(_Done(h, None) for h in self.held)
-                self.held.clear()
-                self.wake.notify_all()
-            writer.join()
+            self.pipeline.close()  # gives back the held jobs (their ids sent again), writes every result
 
     def _finished(self) -> bool:
         if self.stop.requested or self.executor.should_die:
             return True
-        with self.lock:
-            return self.jobs != 0 and self.handled >= self.jobs and not self.held
+        return self.jobs != 0 and self.handled >= self.jobs and not self.pipeline.holding()
 
     def _size(self) -> int:
         size = max(1, min(self.batch_max, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))
@@ -245,20 +222,19 @@ class _Loop:
             except BgqError as exc:
                 self.log.critical(f"bgq: Unexpected error occurred. (ID: {job_id})", exc_info=exc)
                 failed.add(job_id)
-        now = time.monotonic()
+        now = time.monotonic()  # the claims have committed: the hold counts from here
         held = []
-        for job_id, result in claims.items():
-            self._follow_up(job_id, result)
-            if result.outcome == "claimed":
-                held.append(_Held(job_id, result, claimed_at, now))
+        for job_id, claim in claims.items():
+            self._follow_up(job_id, claim)
+            if claim.outcome == "claimed":
+                held.append(Claimed(job_id, claim))
         for delivery, job_id in ids:
             if job_id in failed:
                 delivery.reject()
             else:
                 _ack(delivery, self.log)  # the claim, or its refusal, has committed
-        with self.lock:
-            self.handled += len(ids)
-            self.held.extend(held)
+        self.handled += len(ids)
+        self.pipeline.hold(held, claimed_at, now)
         if failed:
             time.sleep(POLL_SECONDS)
 
@@ -275,155 +251,65 @@ class _Loop:
         if claim.outcome == "unexpected":
             self.executor._log_unexpected(job_id, claim.state)
 
-    def _next(self) -> _Held | None:
-        """The next claimed job to run; one that waited longer than `hold` is given back instead."""
-        with self.lock:
-            self._release_stale()
-            if self.done:
-                self.wake.notify_all()
-            return self.held.popleft() if self.held else None
-
-    def _run(self, held: _Held) -> None:
-        executor = self.executor
-        attempt = held.claim.attempt or 0
-        if not executor.still_ours(held.job_id, attempt, held.claimed_at):
+    def _run(self, held: Held) -> None:
+        executor, job = self.executor, held.job
+        attempt = job.claim.attempt or 0
+        if not executor.still_ours(job.id, attempt, held.claimed_at):
             return
         started = time.monotonic()
-        executor.heartbeat.start(held.job_id, attempt, claimed_at=held.claimed_at)
+        executor.heartbeat.start(job.id, attempt, claimed_at=held.claimed_at)
         try:
-            outcome = executor.run(held.job_id, held.claim)
+            outcome = executor.run(job.id, job.claim)
         finally:
             executor.heartbeat.stop()  # cleared before the result is written (SPEC B §1.5)
         self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - started)
-        with self.lock:
-            self.done.append(_Done(held, outcome, executor.clone_delay(held.claim, outcome)))
-            self.wake.notify_all()
+        self.pipeline.put(Done(job, outcome, executor.clone_delay(job.claim, outcome)))
         if outcome.die:
             executor.should_die = True
 
-    # --- writer thread ---
-
-    def _writer(self) -> None:
-        with self.store.database.pinned():
-            while True:
-                with self.lock:
-                    self.wake.wait_for(
-                        lambda: self.done or self.closing or self._stale(), timeout=self.hold / 4
-                    )
-                    self._release_stale()
-                    batch, self.done = self.done, []
-                    self.writing = len(batch)
-                    closing = self.closing
-                if batch:
-                    try:
-                        self._write(batch)
-                    except Exception as exc:  # the writer must outlive any one batch (see below)
-                        # Reached only past Executor.persist's own retries, e.g. by a follow-up
-                        # send: what was written stays written; an unwritten job stays
-                        # PROCESSING for the reaper, an unsent one READY for the lost-message pass.
-                        self.log.critical("bgq: Writing results failed; going on.", exc_info=exc)
-                    finally:
-                        with self.lock:
-                            self.writing = 0
-                            self.wake.notify_all()
-                elif closing:
-                    return
-
-    def _writer_caught_up(self) -> bool:
-        """Backpressure, as in bgq work: True once fewer than `batch_max` results wait to be
-        written; no message is taken until then (results run but not recorded stay about one
-        commit's worth). False after POLL_SECONDS of waiting, so the loop looks at its stop
-        flag."""
-        with self.lock:
-            return self.wake.wait_for(
-                lambda: len(self.done) + self.writing < self.batch_max or self.closing, timeout=POLL_SECONDS
-            )
-
-    def _stale(self) -> bool:
-        return bool(self.held) and time.monotonic() - self.held[0].held_since > self.hold
-
-    def _release_stale(self) -> None:
-        """Give back claimed jobs that waited too long to start (the lock is held)."""
-        now = time.monotonic()
-        keep: deque[_Held] = deque()
-        for held in self.held:
-            if now - held.held_since > self.hold:
-                self.done.append(_Done(held, None))
-            else:
-                keep.append(held)
-        self.held = keep
-
-    def _write(self, batch: list[_Done]) -> None:
-        """Write `batch`: the results of ungrouped jobs without a copy in one transaction
-        (`{table}_finish_batch`: nothing is published after them but a give-back's id), every
-        other result in a transaction of its own (`{table}_finish`, which says what to publish:
-        a transaction holding several groups' locks would deadlock with other workers, as the
-        claims' 'deferred' explains); then publish what each written result calls for."""
-        plain = [d for d in batch if d.held.claim.serial_group is None and d.clone_delay_ms is None]
+    def _write(self, batch: list[Done]) -> None:
+        """The pipeline's write function, on its writer thread. Writes `batch`: the results of
+        ungrouped jobs without a copy in one transaction (`{table}_finish_batch`: nothing is
+        published after them but a give-back's id), every other result in a transaction of its
+        own (`{table}_finish`, which says what to publish: a transaction holding several groups'
+        locks would deadlock with other workers, as the claims' 'deferred' explains); then
+        publishes what each written result calls for."""
+        plain = [d for d in batch if d.job.claim.serial_group is None and d.clone_delay_ms is None]
         if plain:
             self._write_results(plain)
         for d in batch:
-            if not (d.held.claim.serial_group is None and d.clone_delay_ms is None):
+            if not (d.job.claim.serial_group is None and d.clone_delay_ms is None):
                 self._write_results([d])
 
-    def _write_results(self, batch: list[_Done]) -> None:
+    def _write_results(self, batch: list[Done]) -> None:
         executor, procs = self.executor, self.store.procs
 
         def write(conn: Connection) -> dict[int, FinishResult]:
             (first,) = batch if len(batch) == 1 else (None,)
             if first is None or first.outcome is None:  # several, or a give-back
-                written = procs.finish_batch(conn, [_result(d) for d in batch])
+                written = procs.finish_batch(conn, [result(d) for d in batch])
                 return {i: FinishResult(w, None, None, None) for i, w in written.items()}
             outcome = first.outcome
-            result = procs.finish(
-                conn, first.held.job_id, first.held.claim.attempt or 0, int(outcome.state), outcome.error,
+            finished = procs.finish(
+                conn, first.job.id, first.job.claim.attempt or 0, int(outcome.state), outcome.error,
                 outcome.postponed_by, outcome.execution_time,
                 json.dumps(outcome.memory) if outcome.memory is not None else None,
                 clone_delay_ms=first.clone_delay_ms,
             )  # fmt: skip
-            return {first.held.job_id: result}
+            return {first.job.id: finished}
 
-        failure = (
-            f"bgq: Writing the result failed; retrying. (ID: {batch[0].held.job_id})"
-            if len(batch) == 1
-            else f"bgq: Writing {len(batch)} results failed; retrying."
-        )
-        results = executor.persist(write, failure)
+        results = executor.persist(write, failure(batch))
         if results is None:
             return  # the jobs stay PROCESSING; the reaper gives them back after stalled_job_timeout
         given_back: list[Message] = []
         for d in batch:
-            held, result = d.held, results.get(d.held.job_id, FinishResult(False, None, None, None))
+            job, written = d.job, results.get(d.job.id, FinishResult(False, None, None, None))
             if d.outcome is not None:
-                try:
-                    executor.after_finish(held.job_id, held.claim, d.outcome, result, d.clone_delay_ms)
-                except Exception as exc:  # one job's follow-up must not cost the others theirs
-                    self.log.critical(
-                        f"bgq: Following up a written result failed. (ID: {held.job_id})", exc_info=exc
-                    )
-            elif result.finished:  # given back: its message was acknowledged, so it is sent again
-                given_back.append(
-                    (held.job_id, held.claim.queue or self.base, held.claim.priority or 0, None)
-                )
+                follow_up(executor, self.log, d, written)  # a failure costs the others nothing
+            elif written.finished:  # given back: its message was acknowledged, so it is sent again
+                given_back.append((job.id, job.claim.queue or self.base, job.claim.priority or 0, None))
         if given_back:
             executor.sender.send(given_back)
-
-
-def _result(done: _Done) -> JobResult:
-    held, outcome = done.held, done.outcome
-    attempt = held.claim.attempt or 0
-    if outcome is None:
-        return JobResult(held.job_id, attempt, int(JobState.READY))
-    return JobResult(
-        held.job_id,
-        attempt,
-        int(outcome.state),
-        outcome.error,
-        outcome.postponed_by,
-        outcome.execution_time,
-        outcome.memory,
-        done.clone_delay_ms,
-    )
 
 
 def _ack(delivery: Delivery, log: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:

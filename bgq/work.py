@@ -1,7 +1,8 @@
 """`bgq work`: a long-running worker on the database alone: batch claims, group hand-off, batched results.
 
 One worker process runs one job at a time on its main thread and keeps a second thread, the
-writer, for bookkeeping:
+writer, for bookkeeping (bgq/pipeline.py, shared with `bgq consume`: held jobs, the writer thread,
+give-backs, backpressure):
 
 - Claims: `{table}_claim_batch` claims up to `size` due jobs in one transaction (ungrouped jobs
   and at most one head of an idle group, in (priority, id) order: a worker takes one group at a
@@ -21,6 +22,9 @@ writer, for bookkeeping:
 - A claimed job that has not started within HOLD_SECONDS (and half of stalled_job_timeout) is
   given back (state READY, attempts restored) by the writer, so a slow job never holds others
   hostage and the reaper never finds a claimed-but-unstarted job.
+- Backpressure: no claim while `batch_max` results wait to be written. An exception out of one
+  write on the writer thread is logged at CRITICAL and the writer goes on (the batch's jobs stay
+  PROCESSING for the reaper); one job's failing follow-up costs no other job its own.
 - Idle: PostgreSQL waits on LISTEN (the insert trigger and released jobs NOTIFY) up to `poll`
   seconds. MySQL has no NOTIFY: its waker reads the table's newest id every few milliseconds
   (procs.Prober) and ends the wait when it moved; released jobs, jobs handed back and jobs due by
@@ -35,17 +39,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection
 
 from .errors import BgqError, ConfigError
-from .model import Claimed, FinishResult, JobResult, JobState, Outcome, WorkerMode
+from .model import Claimed, FinishResult, WorkerMode
 from .parts import Parts
+from .pipeline import Done, Held, Pipeline, failure, follow_up, hold_for, result
 from .procs import Waker
 from .stopping import GracefulStop
 from .workers import Registry
@@ -59,24 +61,6 @@ STOP_CHECK = 0.5  # an idle worker looks at its stop flag at least this often
 CHAIN_MAX = 50  # hand-offs in one group before a full claim lets better-priority work in
 CHAIN_SECONDS = 1.0  # ... or this many seconds of hand-offs, whichever comes first
 EMPTY_CLAIMS = 2  # cron mode: claims in a row that found nothing before the run ends
-
-
-@dataclass
-class _Held:
-    """A claimed job waiting its turn on the main thread."""
-
-    job: Claimed
-    claimed_at: float  # time.monotonic() taken before the claim's transaction began
-    held_since: float  # time.monotonic() once the claim had returned: `hold` counts from here
-
-
-@dataclass
-class _Done:
-    """A job's result to write."""
-
-    job: Claimed
-    outcome: Outcome | None  # None: given back unstarted
-    clone_delay_ms: int | None = None  # RECURRING, WaitingException: the copy's delay
 
 
 def work(
@@ -147,16 +131,17 @@ class _Worker:
         self.stop = stop
         self.batch_max = batch_max
         self.poll = poll
-        timeout = queue.config.stalled_job_timeout
-        self.hold = min(HOLD_SECONDS, timeout / 2) if timeout else HOLD_SECONDS
         self.pid = os.getpid()
         self.seconds_per_job = BATCH_BUDGET  # moving average; starts as "slow" (batches of 1)
-        self.held: deque[_Held] = deque()
-        self.done: list[_Done] = []
-        self.lock = threading.Lock()
-        self.wake = threading.Condition(self.lock)
-        self.writing = 0  # results the writer has taken and not yet written
-        self.closing = False
+        self.pipeline = Pipeline(
+            self._write,
+            log=self.log,
+            pinned=self.store.database.pinned,
+            batch_max=batch_max,
+            hold_seconds=hold_for(queue.config.stalled_job_timeout, HOLD_SECONDS),
+            wait=STOP_CHECK,
+            name="bgq-work-writer",
+        )
         self.limit = limit  # cron mode: run at most this many jobs, stop when idle
         self.deadline = deadline  # cron mode: claim nothing after this time.monotonic()
         self.ran = 0  # jobs whose callback ran (cron mode's limit counts these and the held ones)
@@ -180,20 +165,19 @@ class _Worker:
 
     def _loop(self) -> None:
         waker = None if self.limit is not None else self.store.procs.waker()
-        writer = threading.Thread(target=self._writer, name="bgq-work-writer", daemon=True)
-        writer.start()
+        self.pipeline.start()
         idle = POLL_MIN
         empty = 0
         try:
             while not self.stop.requested and not self.executor.should_die:
                 self.queue.scheduler.tick()  # fires due schedules, at most once a second
-                held = self._next()
+                held = self.pipeline.next()
                 if held is not None:
                     self._run(held)
                     continue
                 if self._spent():
                     break
-                if not self._writer_caught_up():
+                if not self.pipeline.caught_up():
                     continue
                 try:
                     if self._claim(self._size()):
@@ -217,12 +201,7 @@ class _Worker:
                 waker = self._idle(waker, idle)
                 idle = min(idle * 2, self.poll)
         finally:
-            with self.lock:
-                self.closing = True
-                self.done.extend(_Done(h.job, None) for h in self.held)
-                self.held.clear()
-                self.wake.notify_all()
-            writer.join()
+            self.pipeline.close()  # gives back the held jobs, writes every result
             if waker is not None:
                 waker.close()
 
@@ -232,8 +211,7 @@ class _Worker:
             return 0
         if self.limit is None:
             return None
-        with self.lock:
-            return max(0, self.limit - self.ran - len(self.held))
+        return max(0, self.limit - self.ran - self.pipeline.holding())
 
     def _spent(self) -> bool:
         return self._remaining() == 0
@@ -268,14 +246,6 @@ class _Worker:
         remaining = self._remaining()
         return size if remaining is None else max(1, min(size, remaining))
 
-    def _next(self) -> _Held | None:
-        """The next claimed job to run; one that waited longer than `hold` is given back instead."""
-        with self.lock:
-            self._release_stale()
-            if self.done:
-                self.wake.notify_all()
-            return self.held.popleft() if self.held else None
-
     def _claim(self, size: int) -> int:
         """Claim up to `size` jobs and queue them; how many. One group head at most per claim: a
         worker takes one group at a time (and keeps it by the hand-off), leaving the other
@@ -296,17 +266,10 @@ class _Worker:
                 alone=True,
             )
         )
-        self._hold(jobs, started)
+        self.pipeline.hold(jobs, started)  # behind the jobs held before them
         return len(jobs)
 
-    def _hold(self, jobs: list[Claimed], claimed_at: float) -> None:
-        """Queue claimed jobs behind those claimed before them (a group's successor too: the
-        jobs held longest run first, so none waits past `hold` behind a group's chain)."""
-        with self.lock:
-            now = time.monotonic()  # a slow claim must not make its own jobs stale on arrival
-            self.held.extend(_Held(job, claimed_at, now) for job in jobs)
-
-    def _run(self, held: _Held) -> None:
+    def _run(self, held: Held) -> None:
         executor, job = self.executor, held.job
         if not executor.still_ours(job.id, job.claim.attempt or 0, held.claimed_at):
             return
@@ -320,17 +283,15 @@ class _Worker:
         finally:
             executor.heartbeat.stop()
         self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - started)
-        done = _Done(job, outcome, executor.clone_delay(job.claim, outcome))
+        done = Done(job, outcome, executor.clone_delay(job.claim, outcome))
         group = job.claim.serial_group
         if group is None or self._spent():  # the writer writes it (nothing more to claim: too)
-            with self.lock:
-                self.done.append(done)
-                self.wake.notify_all()
+            self.pipeline.put(done)
         elif self._rotate(group):  # written now, so that the full claim next may take the group too
             self._write([done])
         else:  # the hand-off: the group's next head runs next
             claimed_at = time.monotonic()
-            self._hold(self._write([done], group), claimed_at)
+            self.pipeline.hold(self._write([done], group), claimed_at)
         if outcome.die:
             executor.should_die = True
 
@@ -347,13 +308,14 @@ class _Worker:
         self.chain = (group, 0, now) if rotate else (group, count + 1, since)
         return rotate
 
-    def _write(self, batch: list[_Done], group: str | None = None) -> list[Claimed]:
-        """The one way `bgq work` writes results: `{table}_finish_batch`, or with `group`
+    def _write(self, batch: list[Done], group: str | None = None) -> list[Claimed]:
+        """The one way `bgq work` writes results (the pipeline's write function on the writer
+        thread; on the main thread for a hand-off): `{table}_finish_batch`, or with `group`
         `{table}_hand_off`, which writes them the same way and then claims the group's next head
         for this worker in the same transaction. Logs what each written result calls for;
         returns the claimed head ([] without `group`, or when nothing was claimable)."""
         executor, procs, cfg = self.executor, self.store.procs, self.queue.config
-        results = [_result(d) for d in batch]
+        results = [result(d) for d in batch]
 
         def write(conn: Connection) -> tuple[dict[int, bool], list[Claimed]]:
             if group is None:
@@ -371,88 +333,15 @@ class _Worker:
                 alone=True,
             )
 
-        failure = (
-            f"bgq: Writing the result failed; retrying. (ID: {batch[0].job.id})"
-            if len(batch) == 1
-            else f"bgq: Writing {len(batch)} results failed; retrying."
-        )
-        done = executor.persist(write, failure)
+        done = executor.persist(write, failure(batch))
         if done is None:
             return []  # the jobs stay PROCESSING; the reaper gives them back after stalled_job_timeout
         written, successor = done
         for d in batch:
-            if d.outcome is not None:
-                executor.after_finish(
-                    d.job.id, d.job.claim, d.outcome, _written(written, d.job.id), d.clone_delay_ms
-                )
+            follow_up(executor, self.log, d, _written(written, d.job.id))
         return successor
-
-    # --- writer thread ---
-
-    def _writer(self) -> None:
-        with self.store.database.pinned():
-            self._write_until_closed()
-
-    def _write_until_closed(self) -> None:
-        while True:
-            with self.lock:
-                self.wake.wait_for(lambda: self.done or self.closing or self._stale(), timeout=self.hold / 4)
-                self._release_stale()
-                batch, self.done = self.done, []
-                self.writing = len(batch)
-                closing = self.closing
-            if batch:
-                try:
-                    self._write(batch)
-                finally:
-                    with self.lock:
-                        self.writing = 0
-                        self.wake.notify_all()
-            elif closing:
-                return
-
-    def _writer_caught_up(self) -> bool:
-        """Backpressure: True once fewer than `batch_max` results wait to be written (taken by
-        the writer or not); the worker claims nothing more until then. Without it a writer slower
-        than the callbacks (fast jobs, a slow commit) fell behind without bound: tens of thousands
-        of jobs run but not recorded, all to run again if the process died. False after
-        STOP_CHECK seconds of waiting, so the caller looks at its stop flag."""
-        with self.lock:
-            return self.wake.wait_for(
-                lambda: len(self.done) + self.writing < self.batch_max or self.closing, timeout=STOP_CHECK
-            )
-
-    def _stale(self) -> bool:
-        return bool(self.held) and time.monotonic() - self.held[0].held_since > self.hold
-
-    def _release_stale(self) -> None:
-        """Give back claimed jobs that waited too long to start (the lock is held)."""
-        now = time.monotonic()
-        keep: deque[_Held] = deque()
-        for held in self.held:
-            if now - held.held_since > self.hold:
-                self.done.append(_Done(held.job, None))
-            else:
-                keep.append(held)
-        self.held = keep
 
 
 def _written(written: dict[int, bool], job_id: int) -> FinishResult:
     """finish_batch's answer for one job, as the single finish would have given it."""
     return FinishResult(written.get(job_id, False), None, None, None)
-
-
-def _result(done: _Done) -> JobResult:
-    job, outcome = done.job, done.outcome
-    if outcome is None:
-        return JobResult(job.id, job.claim.attempt or 0, int(JobState.READY))
-    return JobResult(
-        job.id,
-        job.claim.attempt or 0,
-        int(outcome.state),
-        outcome.error,
-        outcome.postponed_by,
-        outcome.execution_time,
-        outcome.memory,
-        done.clone_delay_ms,
-    )

@@ -676,7 +676,8 @@ def test_a_job_reaped_before_it_started_is_not_run_by_the_late_worker(make_queue
     """A worker frozen between claiming a job and starting it (SIGSTOP, a paused VM) finds, when it
     resumes past half of stalled_job_timeout, that the job was reaped and claimed by another
     worker: it must not run the callback a second time (found by make chaos, cron mode)."""
-    from bgq.work import _Held, _Worker
+    from bgq.pipeline import Held
+    from bgq.work import _Worker
 
     ran: list[int] = []
     queue = make_queue(callbacks={"rec": ran.append}, stalled_job_timeout=2)
@@ -690,7 +691,7 @@ def test_a_job_reaped_before_it_started_is_not_run_by_the_late_worker(make_queue
     with installed.db.transaction() as conn:
         assert queue.procs.claim(conn, job, "general", 2, 1000, None).outcome == "claimed"
     worker = _Worker(queue, "general", None, Stop(), 1, 1.0)  # type: ignore[arg-type]
-    held = _Held(claimed, time.monotonic() - frozen_for, time.monotonic())
+    held = Held(claimed, time.monotonic() - frozen_for, time.monotonic())
     with caplog.at_level(logging.WARNING, logger="bgq"):
         worker._run(held)
     assert ran == [], "the late worker ran a job another worker owns"
@@ -730,3 +731,59 @@ def test_a_slow_writer_holds_back_the_claims_so_few_results_wait_unwritten(
     worker.finish()
     assert ran[0] == 300
     assert max(unwritten) <= 2 * 10, max(unwritten)
+
+
+def test_an_exception_out_of_one_write_does_not_end_the_writer(
+    make_queue, installed, workers, monkeypatch, caplog
+):
+    """An error that Executor.persist does not retry (not the database's) out of one write on the
+    writer thread is logged and the writer goes on: every later result is still written and the
+    worker stops cleanly. The failed batch's job stays PROCESSING for the reaper. (The writer
+    thread used to die of it: no result was written any more.)"""
+    queue = make_queue(callbacks={"noop": lambda: None})
+    first = queue.publish("noop")
+    finish_batch, failed = queue.store.procs.finish_batch, []
+
+    def failing_once(conn, results, *args, **kwargs):
+        if not failed:
+            failed.extend(r.id for r in results)
+            raise RuntimeError("one write failed")
+        return finish_batch(conn, results, *args, **kwargs)
+
+    monkeypatch.setattr(queue.store.procs, "finish_batch", failing_once)
+    with caplog.at_level(logging.CRITICAL, logger="bgq"):
+        worker = workers(queue)
+        wait_until(lambda: failed, 15, "the first write")
+        later = [queue.publish("noop") for _ in range(5)]
+        wait_until(lambda: _all_in(installed, later, [JobState.FINISHED]), 15, "every later result written")
+        assert worker.finish() == 0
+    assert "bgq: Writing results failed; going on." in caplog.text
+    assert failed == [first] and _states(installed, failed) == [JobState.PROCESSING]
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["ungrouped", "grouped"])
+def test_a_failing_follow_up_costs_no_other_job_its_result_or_follow_up(
+    make_queue, installed, workers, monkeypatch, caplog, grouped
+):
+    """A follow-up (Executor.after_finish) that raises after a result is written is logged; the
+    other jobs' results and follow-ups still come, on the writer thread (ungrouped) and on the
+    main thread after a hand-off (grouped), as in bgq consume. (It used to end the writer thread,
+    or work() itself after a hand-off.)"""
+    queue = make_queue(callbacks={"noop": lambda: None})
+    ids = [queue.publish("noop", serial_group="g" if grouped else None) for _ in range(6)]
+    after_finish, calls = queue.executor.after_finish, []
+
+    def failing_once(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 1:
+            raise RuntimeError("a follow-up failed")
+        return after_finish(*args, **kwargs)
+
+    monkeypatch.setattr(queue.executor, "after_finish", failing_once)
+    with caplog.at_level(logging.CRITICAL, logger="bgq"):
+        worker = workers(queue)
+        wait_until(lambda: _all_in(installed, ids, [JobState.FINISHED]), 15, "every result written")
+        wait_until(lambda: len(calls) == len(ids), 5, "every follow-up")
+        assert worker.finish() == 0
+    assert f"bgq: Following up a written result failed. (ID: {calls[0]})" in caplog.text
+    assert sorted(calls) == sorted(ids)

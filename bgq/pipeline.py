@@ -1,0 +1,220 @@
+"""The result pipeline of `bgq work` and `bgq consume`: held jobs, writer thread, give-backs, backpressure.
+
+Both modes run one job at a time on their main thread and hand its result to a second thread, the
+writer, which writes whatever has accumulated while the main thread runs the next job (group
+commit). `Pipeline` owns everything between the claim and the write, the same in both modes:
+
+- the claimed jobs waiting their turn (`hold`, `next`): the job held longest runs first;
+- staleness: a claimed job not started within `hold_seconds` is given back (a READY result, its
+  attempts restored) by whichever thread looks first, so a slow job never holds others hostage
+  and the reaper never finds a claimed-but-unstarted job;
+- the writer thread: it waits for results (or a stale job, or the close), takes all of them and
+  passes them to the mode's `write` function in one call. An exception out of `write` is logged
+  at CRITICAL and the writer goes on with the next batch: what was written stays written, an
+  unwritten job stays PROCESSING for the reaper;
+- backpressure (`caught_up`): the mode claims or takes nothing more while `batch_max` results
+  wait unwritten;
+- closing (`close`): the held jobs are given back, every result is written, the writer ends.
+
+Only the write itself is the mode's own: bgq/work.py writes with `{table}_finish_batch` (and hands
+a group's job off on its main thread), bgq/consumer.py with `{table}_finish_batch` and
+`{table}_finish` and publishes what the results call for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+from .executor import Executor
+from .model import Claimed, FinishResult, JobResult, JobState, Outcome
+
+
+@dataclass
+class Held:
+    """A claimed job waiting its turn on the main thread."""
+
+    job: Claimed
+    claimed_at: float  # time.monotonic() taken before the claim's transaction began
+    held_since: float  # time.monotonic() once the claim had returned: the hold counts from here
+
+
+@dataclass
+class Done:
+    """A job's result to write."""
+
+    job: Claimed
+    outcome: Outcome | None  # None: given back unstarted
+    clone_delay_ms: int | None = None  # RECURRING, WaitingException: the copy's delay
+
+
+Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
+
+
+class Pipeline:
+    """Held claimed jobs and their results on the way to `write`, which the writer thread calls
+    with every result that accumulated since its last call (given-back jobs among them)."""
+
+    def __init__(
+        self, write: Callable[[list[Done]], object], *, log: Log,
+        pinned: Callable[[], AbstractContextManager[None]], batch_max: int, hold_seconds: float,
+        wait: float, name: str,
+    ) -> None:  # fmt: skip
+        """`pinned`: the writer thread's connection for its whole life; `batch_max`: results that
+        may wait unwritten before `caught_up` holds the main thread back; `wait`: how long one
+        `caught_up` waits at most; `name`: the writer thread's."""
+        self.write = write
+        self.log = log
+        self.pinned = pinned
+        self.batch_max = batch_max
+        self.hold_seconds = hold_seconds
+        self.wait = wait
+        self.held: deque[Held] = deque()
+        self.done: list[Done] = []
+        self.lock = threading.Lock()
+        self.wake = threading.Condition(self.lock)
+        self.writing = 0  # results the writer has taken and not yet written
+        self.closing = False
+        self.writer = threading.Thread(target=self._writer, name=name, daemon=True)
+
+    # --- main thread ---
+
+    def start(self) -> None:
+        self.writer.start()
+
+    def close(self) -> None:
+        """Give back the held jobs, let the writer write everything and wait for it to end."""
+        with self.lock:
+            self.closing = True
+            self.done.extend(Done(h.job, None) for h in self.held)
+            self.held.clear()
+            self.wake.notify_all()
+        if self.writer.is_alive():
+            self.writer.join()
+
+    def hold(self, jobs: Iterable[Claimed], claimed_at: float, held_since: float | None = None) -> None:
+        """Queue claimed jobs behind those claimed before them (a group's successor too: the jobs
+        held longest run first, so none waits past the hold behind a group's chain). The hold
+        counts from `held_since`, by default now: a slow claim must not make its own jobs stale
+        on arrival."""
+        with self.lock:
+            since = time.monotonic() if held_since is None else held_since
+            self.held.extend(Held(job, claimed_at, since) for job in jobs)
+
+    def holding(self) -> int:
+        """How many claimed jobs wait their turn."""
+        with self.lock:
+            return len(self.held)
+
+    def next(self) -> Held | None:
+        """The next claimed job to run; one that waited longer than the hold is given back instead."""
+        with self.lock:
+            self._release_stale()
+            if self.done:
+                self.wake.notify_all()
+            return self.held.popleft() if self.held else None
+
+    def put(self, done: Done) -> None:
+        """Hand a result to the writer."""
+        with self.lock:
+            self.done.append(done)
+            self.wake.notify_all()
+
+    def caught_up(self) -> bool:
+        """Backpressure: True once fewer than `batch_max` results wait to be written (taken by the
+        writer or not); the caller claims or takes nothing more until then. Without it a writer
+        slower than the callbacks (fast jobs, a slow commit) fell behind without bound: tens of
+        thousands of jobs run but not recorded, all to run again if the process died. False after
+        `wait` seconds of waiting, so the caller looks at its stop flag."""
+        with self.lock:
+            return self.wake.wait_for(
+                lambda: len(self.done) + self.writing < self.batch_max or self.closing, timeout=self.wait
+            )
+
+    # --- writer thread ---
+
+    def _writer(self) -> None:
+        with self.pinned():
+            while True:
+                with self.lock:
+                    self.wake.wait_for(
+                        lambda: self.done or self.closing or self._stale(), timeout=self.hold_seconds / 4
+                    )
+                    self._release_stale()
+                    batch, self.done = self.done, []
+                    self.writing = len(batch)
+                    closing = self.closing
+                if batch:
+                    try:
+                        self.write(batch)
+                    except Exception as exc:  # the writer must outlive any one batch
+                        # Reached only past Executor.persist's own retries (e.g. an error that is
+                        # not the database's, or a broker send): what was written stays written;
+                        # an unwritten job stays PROCESSING for the reaper.
+                        self.log.critical("bgq: Writing results failed; going on.", exc_info=exc)
+                    finally:
+                        with self.lock:
+                            self.writing = 0
+                            self.wake.notify_all()
+                elif closing:
+                    return
+
+    def _stale(self) -> bool:
+        return bool(self.held) and time.monotonic() - self.held[0].held_since > self.hold_seconds
+
+    def _release_stale(self) -> None:
+        """Give back claimed jobs that waited too long to start (the lock is held)."""
+        now = time.monotonic()
+        keep: deque[Held] = deque()
+        for held in self.held:
+            if now - held.held_since > self.hold_seconds:
+                self.done.append(Done(held.job, None))
+            else:
+                keep.append(held)
+        self.held = keep
+
+
+def hold_for(stalled_job_timeout: float | None, hold: float) -> float:
+    """How long a claimed job may wait to start: `hold`, and at most half of stalled_job_timeout
+    (the reaper must never find a claimed-but-unstarted job)."""
+    return min(hold, stalled_job_timeout / 2) if stalled_job_timeout else hold
+
+
+def result(done: Done) -> JobResult:
+    """`done` as {table}_finish_results takes it (state READY: given back unstarted)."""
+    job, outcome = done.job, done.outcome
+    if outcome is None:
+        return JobResult(job.id, job.claim.attempt or 0, int(JobState.READY))
+    return JobResult(
+        job.id,
+        job.claim.attempt or 0,
+        int(outcome.state),
+        outcome.error,
+        outcome.postponed_by,
+        outcome.execution_time,
+        outcome.memory,
+        done.clone_delay_ms,
+    )
+
+
+def failure(batch: list[Done]) -> str:
+    """The message Executor.persist logs when writing `batch` fails."""
+    if len(batch) == 1:
+        return f"bgq: Writing the result failed; retrying. (ID: {batch[0].job.id})"
+    return f"bgq: Writing {len(batch)} results failed; retrying."
+
+
+def follow_up(executor: Executor, log: Log, done: Done, written: FinishResult) -> None:
+    """Log and publish what a written result calls for (Executor.after_finish). A failure is
+    logged, so one job's follow-up never costs the other jobs of its batch theirs."""
+    if done.outcome is None:
+        return
+    try:
+        executor.after_finish(done.job.id, done.job.claim, done.outcome, written, done.clone_delay_ms)
+    except Exception as exc:
+        log.critical(f"bgq: Following up a written result failed. (ID: {done.job.id})", exc_info=exc)
