@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import bgq.work
 from bgq import (
     DieException,
     JobState,
@@ -367,7 +368,12 @@ def test_grouped_jobs_run_in_priority_order_without_overlap(make_queue, installe
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["ungrouped", "grouped"])
-def test_die_exception_stops_the_worker_before_the_next_job(make_queue, installed, workers, grouped):
+def test_die_exception_stops_the_worker_before_the_next_job(
+    make_queue, installed, workers, grouped, monkeypatch
+):
+    # Held jobs stay held until the DieException (on a loaded host a 1 s hold could give them
+    # back first, and then no give-back at the DieException would be exercised).
+    monkeypatch.setattr(bgq.work, "HOLD_SECONDS", 30.0)
     calls: list[str] = []
     held_at_die: list[int] = []
     group = "g" if grouped else None
