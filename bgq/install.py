@@ -7,8 +7,8 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import jinja2
 from sqlalchemy.engine import Connection
 
 from . import migrate
@@ -16,6 +16,9 @@ from .db import Database, InstalledRoutine
 from .errors import SchemaVersionError
 from .migrate import MIGRATION_KEY, Migration
 from .procs import ALL_PROCS, INTERNAL_PROCS, Procs
+
+if TYPE_CHECKING:
+    import jinja2
 
 #: The procedure set this package expects; bump it when any procedure's behaviour changes. (The
 #: tables' shape is versioned by the migrations in db/<dialect>/migrations/, bgq/migrate.py.)
@@ -68,6 +71,8 @@ def render(text: str, table: str, dialect: str) -> str:
 
 @functools.cache
 def _environment(dialect: str) -> jinja2.Environment:
+    import jinja2  # rendering is only needed when installing: `import bgq` stays lighter
+
     return jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
 
 

@@ -8,14 +8,17 @@ outermost commit, drops them on rollback, and drops the ids of a rolled-back sav
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 _boxes: weakref.WeakKeyDictionary[Any, _Outbox] = weakref.WeakKeyDictionary()
 
@@ -32,6 +35,14 @@ class Pending:
 Send = Callable[[list[Pending]], None]
 
 
+def is_session(target: object) -> TypeGuard[Session]:
+    """Whether `target` is a SQLAlchemy ORM Session. bgq itself never imports the ORM (a third of
+    SQLAlchemy's import time, paid by every `bgq` command): an application that passes a Session
+    has imported it already."""
+    orm = sys.modules.get("sqlalchemy.orm")
+    return orm is not None and isinstance(target, orm.Session)
+
+
 def add(target: Session | Connection, item_args: tuple[int, str, int, int | None], send: Send) -> None:
     """Hold one job id on `target` until its outermost commit; `send` receives the ids then."""
     box = _outbox(target, send)
@@ -46,7 +57,7 @@ class _Outbox:
         self.savepoints: list[object] = []  # Connection only: a marker per open savepoint, innermost last
 
     def current_scope(self) -> Any:
-        if isinstance(self.target, Session):
+        if is_session(self.target):
             return self.target.get_nested_transaction() or self.target.get_transaction()
         return tuple(self.savepoints)
 
@@ -82,7 +93,7 @@ def _outbox(target: Session | Connection, send: Send) -> _Outbox:
         return box
     box = _Outbox(target, send)
     _boxes[target] = box
-    if isinstance(target, Session):
+    if is_session(target):
         event.listen(target, "after_commit", lambda session: box.flush())
 
         # after_soft_rollback fires for every rollback, a savepoint's included (after_rollback

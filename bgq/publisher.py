@@ -7,21 +7,24 @@ import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
 
 from . import outbox
 from . import params as params_codec
 from .config import Config
 from .db import dialect_name
-from .db.aio_postgres import AsyncPostgres
 from .errors import PublishError
 from .model import Mode, NewJob
 from .sender import Sender
 from .store import Store
 from .validate import new_job
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from .db.aio_postgres import AsyncPostgres
 
 #: Parameter bytes per multi-row INSERT of a bulk: far below MariaDB's default max_allowed_packet
 #: (16 MiB) even when escaping doubles them; a larger bulk is inserted in several statements.
@@ -89,7 +92,7 @@ class Publisher:
             job_id = store.procs.insert_alone(job)
             self.sender.send([(job_id, job.queue, job.priority, job.postponed_by)])
             return job_id
-        conn = connection.connection() if isinstance(connection, Session) else connection
+        conn = connection.connection() if outbox.is_session(connection) else connection
         if not isinstance(conn, Connection):
             raise PublishError("connection must be a SQLAlchemy Session or Connection.")
         if dialect_name(conn.dialect.name) != store.database.dialect.name:
@@ -127,6 +130,8 @@ class Publisher:
             await asyncio.to_thread(lambda: store.procs)
         if store.database.dialect.name == "postgres":
             if self._aio is None or self._aio.database is not store.database:
+                from .db.aio_postgres import AsyncPostgres  # psycopg's asyncio side: loaded on first use
+
                 self._aio = AsyncPostgres(store.database)
             job_id = await store.procs.insert_async(self._aio, job)
         else:

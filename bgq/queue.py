@@ -14,10 +14,9 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
 
 from . import cron
 from .admin import Admin
@@ -33,6 +32,9 @@ from .schedules import Schedule, Scheduler, declare
 from .sender import Sender
 from .store import Store
 from .tasks import Task
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -251,3 +251,13 @@ def test_process_unreachable_database(tmp_path):
     result = bgq("--app", f"{module}:queue", "process", pythonpath=tmp_path, timeout=60)
     assert_clean_failure(result, 1)
     assert "Cannot reach" in result.stderr
+
+
+def test_the_command_line_starts_without_the_orm_the_async_driver_or_the_template_engine():
+    """Every `bgq` command (cron runs `bgq process` every minute on each host) pays for what
+    `import bgq.cli` loads: SQLAlchemy's ORM, psycopg's asyncio side and Jinja2 are loaded only
+    by what needs them (an application's Session, publish_async, install-procs)."""
+    heavy = ("sqlalchemy.orm", "psycopg", "jinja2")
+    probe = f"import sys, bgq.cli; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
