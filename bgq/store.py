@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .config import Config
-from .db import Database
+from .db import Database, normalise_url
+from .errors import ConfigError, DatabaseError
 from .install import check_installed, install
 from .procs import Procs
 
@@ -14,6 +15,13 @@ class Store:
     database through one Store, so a test or a monkeypatch of `procs` sees every call."""
 
     def __init__(self, config: Config) -> None:
+        """Checks `database_url` (it parses and names MySQL/MariaDB or PostgreSQL: a ConfigError
+        when the Queue is built, not at its first publish); connects only on first use."""
+        if config.database_url is not None:
+            try:
+                normalise_url(config.database_url)
+            except DatabaseError as exc:
+                raise ConfigError(f'Option "database_url": {exc}') from None
         self.config = config
         self._db: Database | None = None
         self._procs: Procs | None = None

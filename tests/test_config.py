@@ -282,3 +282,34 @@ def test_config_error_is_a_bgq_error_and_value_error():
         make(bulk_size=0)
     with pytest.raises(ValueError):
         make(bulk_size=0)
+
+
+# --- database_url ---
+
+
+@pytest.mark.parametrize(
+    "url, says",
+    [
+        ("sqlite:///x.db", "Unsupported database 'sqlite'"),
+        ("oracle://scott@db/x", "Unsupported database 'oracle'"),
+        ("not a url", "Invalid database URL"),
+    ],
+)
+def test_a_database_url_bgq_cannot_use_is_refused_when_the_queue_is_built(url, says):
+    """Not at the first publish, deep in a request: at Queue(...), naming the option."""
+    with pytest.raises(ConfigError, match=f'Option "database_url": {says}'):
+        make(database_url=url)
+
+
+@pytest.mark.parametrize(
+    "url, driver",
+    [
+        ("postgres://u@h/db", "postgresql+psycopg"),  # the form many hosting platforms hand out
+        ("postgresql://u@h/db", "postgresql+psycopg"),
+        ("postgresql+psycopg://u@h/db", "postgresql+psycopg"),
+        ("mysql://u@h/db", "mysql+pymysql"),
+        ("mariadb://u@h/db", "mariadb+pymysql"),
+    ],
+)
+def test_a_database_url_without_bgq_s_driver_gets_it(url, driver):
+    assert make(database_url=url).database.url.drivername == driver  # builds the engine, no connect

@@ -209,3 +209,12 @@ def test_close_closes_the_kept_connection(dialect, installed, make_queue):
     session = _session(queue)
     queue.close()
     _gone(installed, dialect, session)
+
+
+def test_a_url_without_a_driver_publishes_through_bgq_s_driver(make_queue, installed):
+    """`postgres://…` / `mysql://…` as a platform hands them out: the job is stored."""
+    backend, _, rest = installed.url.partition("://")
+    bare = {"postgresql+psycopg": "postgres", "mysql+pymysql": "mysql"}[backend] + "://" + rest
+    queue = make_queue(database_url=bare)
+    job = queue.publish("noop")
+    assert installed.sql("SELECT id FROM {t}") == [{"id": job}]

@@ -44,13 +44,21 @@ def dialect_for(url: sa.URL) -> Dialect:
 
 
 def normalise_url(raw: str) -> sa.URL:
-    """Parse a database URL and pick bgq's drivers when none is named."""
+    """Parse a database URL and pick bgq's drivers when none is named (`postgres://` and
+    `postgresql://` become postgresql+psycopg, `mysql://` and `mariadb://` +pymysql). A URL that
+    does not parse or names another database raises DatabaseError, before anything connects."""
     try:
         url = sa.make_url(raw)
     except Exception as exc:  # sqlalchemy raises ArgumentError with the URL in it
         raise DatabaseError(f"Invalid database URL: {exc}") from None
-    driver, backend = url.get_driver_name(), url.get_backend_name()
+    # The driver is read off the URL's text: SQLAlchemy's get_driver_name() loads the dialect,
+    # which fails for names it does not know, such as the common "postgres://".
+    backend, _, driver = url.drivername.partition("+")
     name = dialect_name(backend)
+    if name is None:
+        raise DatabaseError(
+            f"Unsupported database {backend!r}: use mysql+pymysql:// or postgresql+psycopg://."
+        )
     if name == "mysql" and driver != "pymysql":
         url = url.set(drivername=f"{backend}+pymysql")
     elif name == "postgres" and driver != "psycopg":
