@@ -16,7 +16,18 @@ from bgq import JobState
 from bgq.stopping import GracefulStop
 from tests.conftest import AMQP_URL
 from tests.support import ledger_worker
-from tests.support.helpers import PID, QUEUE, T0, WAITING_MS, claimed, new_job, procs, set_row, state_of
+from tests.support.helpers import (
+    PID,
+    QUEUE,
+    T0,
+    WAITING_MS,
+    claimed,
+    fail_first_follow_up,
+    new_job,
+    procs,
+    set_row,
+    state_of,
+)
 
 
 def _wait_for(predicate, seconds=60.0):
@@ -207,15 +218,7 @@ def test_a_failing_follow_up_costs_no_other_job_its_result_or_follow_up(
     monkeypatch.setattr(bgq.consumer, "FIRST_ESTIMATE", 1e-6)
     queue = broker_queue(callbacks={"noop": lambda: None})
     ids = [queue.publish("noop") for _ in range(6)]
-    after_finish, calls = queue.executor.after_finish, []
-
-    def failing_once(*args, **kwargs):
-        calls.append(args[0])
-        if len(calls) == 1:
-            raise RuntimeError("a follow-up failed")
-        return after_finish(*args, **kwargs)
-
-    monkeypatch.setattr(queue.executor, "after_finish", failing_once)
+    calls = fail_first_follow_up(queue, monkeypatch)
     with caplog.at_level(logging.CRITICAL, logger="bgq"), GracefulStop() as stop:
         assert bgq.consumer.consume(queue, None, 6, [1], stop, batch_max=1) == 0
     assert f"Following up a written result failed. (ID: {calls[0]})" in caplog.text

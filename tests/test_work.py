@@ -29,7 +29,7 @@ from bgq import (
 from bgq.errors import ConfigError
 from bgq.work import work
 from tests.support import ledger_worker, work_app
-from tests.support.helpers import json_column, unique_name
+from tests.support.helpers import fail_first_follow_up, json_column, unique_name
 from tests.support.work_app import Cli, wait_until
 
 MINUTE = 60_000
@@ -777,15 +777,7 @@ def test_a_failing_follow_up_costs_no_other_job_its_result_or_follow_up(
     or work() itself after a hand-off.)"""
     queue = make_queue(callbacks={"noop": lambda: None})
     ids = [queue.publish("noop", serial_group="g" if grouped else None) for _ in range(6)]
-    after_finish, calls = queue.executor.after_finish, []
-
-    def failing_once(*args, **kwargs):
-        calls.append(args[0])
-        if len(calls) == 1:
-            raise RuntimeError("a follow-up failed")
-        return after_finish(*args, **kwargs)
-
-    monkeypatch.setattr(queue.executor, "after_finish", failing_once)
+    calls = fail_first_follow_up(queue, monkeypatch)
     with caplog.at_level(logging.CRITICAL, logger="bgq"):
         worker = workers(queue)
         wait_until(lambda: _all_in(installed, ids, [JobState.FINISHED]), 15, "every result written")

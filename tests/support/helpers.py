@@ -373,3 +373,18 @@ def host_lock(name: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def fail_first_follow_up(queue: Any, monkeypatch: Any) -> list[int]:
+    """Make the queue's first follow-up (Executor.after_finish) raise once written, the others
+    run as usual; the job ids every follow-up was called for, in order."""
+    after_finish, calls = queue.executor.after_finish, []
+
+    def failing_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0])
+        if len(calls) == 1:
+            raise RuntimeError("a follow-up failed")
+        return after_finish(*args, **kwargs)
+
+    monkeypatch.setattr(queue.executor, "after_finish", failing_once)
+    return calls
