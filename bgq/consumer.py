@@ -271,9 +271,10 @@ class _Loop:
         """The pipeline's write function, on its writer thread. Writes `batch`: the results of
         ungrouped jobs without a copy in one transaction (`{table}_finish_batch`: nothing is
         published after them but a give-back's id), every other result in a transaction of its
-        own (`{table}_finish`, which says what to publish: a transaction holding several groups'
-        locks would deadlock with other workers, as the claims' 'deferred' explains); then
-        publishes what each written result calls for."""
+        own (`{table}_finish`, which says what to publish, a grouped job's give-back included:
+        the job its group promoted meanwhile is sent with it; a transaction holding several
+        groups' locks would deadlock with other workers, as the claims' 'deferred' explains);
+        then publishes what each written result calls for."""
         plain = [d for d in batch if d.job.claim.serial_group is None and d.clone_delay_ms is None]
         if plain:
             self._write_results(plain)
@@ -285,16 +286,15 @@ class _Loop:
         executor, procs = self.executor, self.store.procs
 
         def write(conn: Connection) -> dict[int, FinishResult]:
-            (first,) = batch if len(batch) == 1 else (None,)
-            if first is None or first.outcome is None:  # several, or a give-back
+            if len(batch) > 1:  # ungrouped results without a copy: nothing to publish after them
                 written = procs.finish_batch(conn, [result(d) for d in batch])
                 return {i: FinishResult(w, None, None, None) for i, w in written.items()}
-            outcome = first.outcome
+            (first,) = batch
+            one = result(first)  # a give-back is state READY: it wakes a group as a result does
             finished = procs.finish(
-                conn, first.job.id, first.job.claim.attempt or 0, int(outcome.state), outcome.error,
-                outcome.postponed_by, outcome.execution_time,
-                json.dumps(outcome.memory) if outcome.memory is not None else None,
-                clone_delay_ms=first.clone_delay_ms,
+                conn, one.id, one.attempt, one.state, one.error, one.postponed_by, one.execution_time,
+                json.dumps(one.memory) if one.memory is not None else None,
+                clone_delay_ms=one.clone_delay_ms,
             )  # fmt: skip
             return {first.job.id: finished}
 
@@ -308,6 +308,15 @@ class _Loop:
                 follow_up(executor, self.log, d, written)  # a failure costs the others nothing
             elif written.finished:  # given back: its message was acknowledged, so it is sent again
                 given_back.append((job.id, job.claim.queue or self.base, job.claim.priority or 0, None))
+                if written.promoted_id is not None:  # and the job its group promoted meanwhile
+                    given_back.append(
+                        (
+                            written.promoted_id,
+                            written.promoted_queue or self.base,
+                            written.promoted_priority or 0,
+                            None,
+                        )
+                    )
         if given_back:
             executor.sender.send(given_back)
 

@@ -8,6 +8,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections import Counter
 
@@ -262,3 +263,36 @@ def test_a_slow_writer_holds_back_the_takes_so_few_results_wait_unwritten(
         assert bgq.consumer.consume(queue, None, 120, [1], stop, batch_max=5) == 0
     assert [state_of(installed, i) for i in ids] == [JobState.FINISHED] * 120
     assert max(unwritten) <= 2 * 5, max(unwritten)
+
+
+def test_a_grouped_job_given_back_sends_the_job_its_group_promoted(
+    broker_queue, rabbit, installed, monkeypatch
+):
+    """A consumer takes a slow job and a group's head H in one batch; H waits past the hold and is
+    given back. Meanwhile B, a better-priority job of H's group, was taken by another consumer
+    and turned WAITING behind H. The give-back wakes the group, which promotes B: B's id must be
+    sent then (not left to the lost-message pass, an hour later), and B runs before H."""
+    monkeypatch.setattr(bgq.consumer, "FIRST_ESTIMATE", 1e-6)
+    ran: list[str] = []
+    queue = broker_queue(callbacks={"slow": lambda: (ran.append("slow"), time.sleep(2.5)), "rec": ran.append})
+    queue.publish("slow", priority=2)
+    head = queue.publish("rec", ["H"], serial_group="g", priority=2)
+    stop = GracefulStop()
+    consumer = threading.Thread(
+        target=bgq.consumer.consume, args=(queue, None, 0, [1, 2, 3], stop), kwargs={"batch_max": 10}
+    )
+    consumer.start()
+    try:
+        assert _wait_for(lambda: state_of(installed, head) == JobState.PROCESSING, 15)
+        better = queue.publish("rec", ["B"], serial_group="g", priority=1)
+        # Another consumer takes B's message and claims B: WAITING behind the running H.
+        assert _wait_for(lambda: rabbit.count(f"{rabbit.base}_1") == 1, 5)
+        assert rabbit.bodies(f"{rabbit.base}_1") == [str(better)]
+        with installed.db.transaction() as conn:
+            taken = procs(installed).claim(conn, better, rabbit.base, PID, WAITING_MS, None)
+        assert taken.outcome != "claimed" and state_of(installed, better) == JobState.WAITING, taken
+        assert _wait_for(lambda: ran[-2:] == ["B", "H"], 20), f"ran {ran}; B is {state_of(installed, better)}"
+    finally:
+        stop.requested = True
+        consumer.join(30)
+    assert ran == ["slow", "B", "H"]

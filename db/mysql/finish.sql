@@ -1,4 +1,4 @@
--- bgq {{ table }}_finish, version 2 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_finish, version 3 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_finish(p_id, p_attempt, p_state, p_error, p_postponed_by,
@@ -6,7 +6,10 @@
 --   p_id              the job.
 --   p_attempt         the claim token returned by {{ table }}_claim (its `attempt`).
 --   p_state           the outcome: 3 FINISHED, 4 TEMPORARILY_FAILED, 5 PERMANENTLY_FAILED or
---                     7 REDUNDANT.
+--                     7 REDUNDANT; or 1 READY, which gives back a job that was claimed but never
+--                     started (as in {{ table }}_finish_results: attempts - 1, pid and metadata
+--                     cleared). A grouped job given back wakes its group like a result, so the
+--                     promoted job is returned for publishing (bgq consume's give-back).
 --   p_error           error_message to store (NULL on success).
 --   p_postponed_by    ms before the job may run again (the backoff of a temporary failure).
 --   p_execution_time  ms the callback took (NULL when it did not succeed).
@@ -28,7 +31,7 @@
 --   then the promoted row; WHERE state = 2 AND number_of_attempts = p_attempt: a worker whose
 --   job was reaped and claimed again elsewhere presents an old token, finished = 0 and nothing
 --   changes).
--- Errors: 31002 / SQLSTATE BQ002 when p_state is not 3, 4, 5 or 7, or when a FINISHED
+-- Errors: 31002 / SQLSTATE BQ002 when p_state is not 1, 3, 4, 5 or 7, or when a FINISHED
 --   RECURRING job would be written without p_clone_delay_ms (raised before anything is written).
 -- Idempotent: yes (a repeated call is fenced out: finished = 0).
 -- MySQL 8: JSON_EXTRACT(p_memory, '$') nests the memory as JSON on both (MariaDB has no
@@ -49,9 +52,9 @@ MODIFIES SQL DATA
 BEGIN
     DECLARE v_written LONGTEXT;
 
-    IF p_state IS NULL OR p_state NOT IN (3, 4, 5, 7) THEN
+    IF p_state IS NULL OR p_state NOT IN (1, 3, 4, 5, 7) THEN
         SIGNAL SQLSTATE 'BQ002'
-            SET MYSQL_ERRNO = 31002, MESSAGE_TEXT = 'bgq: finish state must be 3, 4, 5 or 7';
+            SET MYSQL_ERRNO = 31002, MESSAGE_TEXT = 'bgq: finish state must be 1, 3, 4, 5 or 7';
     END IF;
 
     CALL {{ table }}_finish_results(

@@ -11,6 +11,7 @@ from tests.support.helpers import (
     claim,
     claimed,
     finish,
+    finish_batch,
     group_row,
     new_job,
     procs,
@@ -82,7 +83,38 @@ def test_permanent_failure_and_redundant_results(installed, job_state, sets_fini
     assert after["finished_at"] == (at(3) if sets_finished_at else None)
 
 
-@pytest.mark.parametrize("bad_state", [-1, 1, 2, 6, 8])
+def test_a_give_back_is_stored_as_finish_batch_stores_it_and_returns_the_job_its_group_promoted(installed):
+    """State 1 READY gives back a claimed, unstarted job (bgq consume's stale hold). While it
+    was held a better-priority job of its group turned WAITING behind it: the give-back wakes the
+    group and returns that job, so the consumer can send it (nobody else would, but the
+    lost-message pass an hour later). The row is what finish_batch's give-back stores."""
+    from bgq.model import JobResult
+
+    rows = {}
+    for group, via_finish in (("g", True), ("h", False)):
+        head = new_job(installed, group=group, priority=2)
+        before = row(installed, head)
+        attempt = claimed(installed, head, now=T0)
+        better = new_job(installed, group=group, priority=1)
+        assert claim(installed, better, now=at(1)).outcome == "waiting"
+        if via_finish:
+            result = finish(installed, head, attempt, 1, now=at(2))
+            assert result.finished and result.promoted_id == better
+            assert (result.promoted_queue, result.promoted_priority) == (before["queue"], 1)
+        else:
+            assert finish_batch(installed, [JobResult(head, attempt, 1)], now=at(2)) == {head: True}
+        assert state(installed, better) == 1  # READY: promoted
+        after = row(installed, head)
+        assert (after["state"], after["number_of_attempts"], after["pid"]) == (
+            1,
+            before["number_of_attempts"],
+            None,
+        )
+        rows[group] = {k: v for k, v in after.items() if k not in ("id", "serial_group", "created_at")}
+    assert rows["g"] == rows["h"]
+
+
+@pytest.mark.parametrize("bad_state", [-1, 0, 2, 6, 8])
 def test_finish_with_a_state_that_is_not_a_result_raises_and_writes_nothing(installed, bad_state):
     job = new_job(installed, group="g")
     attempt = claimed(installed, job, now=T0)
@@ -90,7 +122,7 @@ def test_finish_with_a_state_that_is_not_a_result_raises_and_writes_nothing(inst
     with pytest.raises(bgq.DatabaseError) as caught:
         finish(installed, job, attempt, bad_state, now=at(1))
     assert type(caught.value) is bgq.DatabaseError
-    assert "finish state must be 3, 4, 5 or 7" in str(caught.value)
+    assert "finish state must be 1, 3, 4, 5 or 7" in str(caught.value)
     assert row(installed, job) == before
 
 
