@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from . import aio
@@ -90,27 +93,58 @@ def memory_usage(*, reset_peak: bool = False) -> dict[str, int | None]:
     """Resident set size and its peak, in bytes (Linux /proc; None elsewhere).
 
     With reset_peak the kernel's peak (VmHWM) is reset first, so `after.peak_rss` is the job's peak.
-    Runs twice per job, so it uses raw file descriptors: a text-mode open() and a line loop over
-    /proc/self/status cost about ten times the kernel's own work (some 100 us per call).
+    Runs twice per job, so /proc/self/status and /proc/self/clear_refs stay open (per process: a
+    forked child opens its own) and are read and written at offset 0, which makes the kernel
+    produce the file afresh: a text-mode open() and a line loop per call cost some 100 us.
     """
-    if reset_peak:
+    files = _proc_files()
+    if reset_peak and files.clear_refs is not None:
         try:
-            fd = os.open("/proc/self/clear_refs", os.O_WRONLY)
-            try:
-                os.write(fd, b"5")
-            finally:
-                os.close(fd)
+            if os.fstat(files.clear_refs).st_ino == files.clear_refs_inode:  # still ours
+                os.pwrite(files.clear_refs, b"5", 0)
         except OSError:
             pass
-    try:
-        fd = os.open("/proc/self/status", os.O_RDONLY)
-        try:
-            status = os.read(fd, 65536)
-        finally:
-            os.close(fd)
-    except OSError:
+    if files.status is None:
         return {"rss": None, "peak_rss": None}
-    return {"rss": _status_kib(status, b"\nVmRSS:"), "peak_rss": _status_kib(status, b"\nVmHWM:")}
+    try:
+        status = os.pread(files.status, 65536, 0)
+    except OSError:
+        status = b""
+    rss, peak = _status_kib(status, b"\nVmRSS:"), _status_kib(status, b"\nVmHWM:")
+    if rss is None:  # not our status file any more (closed behind our back?): open it again
+        _PROC_FILES.pop(os.getpid(), None)
+    return {"rss": rss, "peak_rss": peak}
+
+
+@dataclass(frozen=True)
+class _ProcFiles:
+    status: int | None  # file descriptors (None: not available)
+    clear_refs: int | None
+    clear_refs_inode: int
+
+
+_PROC_FILES: dict[int, _ProcFiles] = {}  # by process id
+_PROC_LOCK = threading.Lock()
+
+
+def _proc_files() -> _ProcFiles:
+    files = _PROC_FILES.get(os.getpid())
+    if files is not None:
+        return files
+    with _PROC_LOCK:
+        pid = os.getpid()
+        files = _PROC_FILES.get(pid)
+        if files is None:
+            status = clear_refs = None
+            inode = -1
+            with contextlib.suppress(OSError):
+                status = os.open("/proc/self/status", os.O_RDONLY)
+            with contextlib.suppress(OSError):
+                clear_refs = os.open("/proc/self/clear_refs", os.O_WRONLY)
+                inode = os.fstat(clear_refs).st_ino
+            _PROC_FILES.clear()  # a forked child's copies of its parent's descriptors stay open
+            files = _PROC_FILES[pid] = _ProcFiles(status, clear_refs, inode)
+        return files
 
 
 def _status_kib(status: bytes, key: bytes) -> int | None:
