@@ -55,7 +55,7 @@ from .workers import Registry
 
 #: Seconds one take() waits before the loop looks at its stop flag again.
 POLL_SECONDS = 1.0
-BATCH_MAX = 50  # messages one batch takes at most (`bgq consume` prefetch)
+BATCH_MAX = 100  # messages one batch takes at most (`bgq consume` prefetch)
 BATCH_BUDGET = 0.05  # seconds of work one batch should hold
 HOLD_SECONDS = 1.0  # a claimed job not started within this is given back
 #: The first estimate of a job's duration: "slow", so the first batch is one message, and the

@@ -12,6 +12,8 @@ import threading
 import time
 from collections import Counter
 
+from pika.adapters.blocking_connection import BlockingChannel
+
 import bgq.consumer
 from bgq import JobState
 from bgq.stopping import GracefulStop
@@ -104,6 +106,35 @@ def test_a_batch_is_claimed_in_one_transaction_and_acknowledged_after_it(
         assert bgq.consumer.consume(queue, None, 10, [1], stop, batch_max=10) == 0
     assert [c for c in claims_per_transaction if c] == [10]
     assert events == ["committed"] + ["ack"] * 10
+    assert all(state_of(installed, i) == JobState.FINISHED for i in ids)
+    assert _wait_for(lambda: rabbit.count(f"{rabbit.base}_1") == 0, 10)
+
+
+def test_a_batch_is_acknowledged_by_one_basic_ack_sent_after_its_claim_committed(
+    broker_queue, rabbit, installed, monkeypatch
+):
+    """The ten messages of a batch cost RabbitMQ one basic.ack(multiple), not ten, and it goes
+    out only after the claim's transaction committed."""
+    monkeypatch.setattr(bgq.consumer, "FIRST_ESTIMATE", 1e-6)
+    queue = broker_queue(callbacks={"noop": lambda: None})
+    ids = [queue.publish("noop") for _ in range(10)]
+    events: list[object] = []
+    retrying, basic_ack = queue.executor.retrying, BlockingChannel.basic_ack
+
+    def counting_retrying(call):
+        result = retrying(call)
+        events.append("committed")
+        return result
+
+    def recording_basic_ack(channel, delivery_tag=0, multiple=False):
+        events.append(("basic.ack", multiple))
+        return basic_ack(channel, delivery_tag, multiple)
+
+    monkeypatch.setattr(queue.executor, "retrying", counting_retrying)
+    monkeypatch.setattr(BlockingChannel, "basic_ack", recording_basic_ack)
+    with GracefulStop() as stop:
+        assert bgq.consumer.consume(queue, None, 10, [1], stop, batch_max=10) == 0
+    assert events == ["committed", ("basic.ack", True)]
     assert all(state_of(installed, i) == JobState.FINISHED for i in ids)
     assert _wait_for(lambda: rabbit.count(f"{rabbit.base}_1") == 0, 10)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -13,9 +14,10 @@ from bgq import (
     SkipException,
     TemporaryErrorException,
     WaitingException,
+    runner,
 )
 from bgq.config import build_config
-from bgq.runner import backoff_ms, classify, describe, invoke, run
+from bgq.runner import backoff_ms, classify, describe, invoke, memory_usage, run
 
 MINUTE = 60_000
 
@@ -236,6 +238,40 @@ def test_run_success_reports_time_and_memory():
         assert set(outcome.memory[key]) == {"rss", "peak_rss"}
         assert isinstance(outcome.memory[key]["rss"], int)
         assert outcome.memory[key]["rss"] > 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux /proc only")
+def test_memory_is_read_afresh_each_time_and_the_peak_is_per_job():
+    """The /proc files stay open between calls: each call still sees the current figures, and
+    the reset makes the next peak the job's own."""
+    memory_usage(reset_peak=True)
+    block = bytearray(64 * 1024 * 1024)
+    block[::4096] = b"x" * len(block[::4096])  # touch every page
+    grown = memory_usage()
+    del block
+    shrunk = memory_usage()
+    reset = memory_usage(reset_peak=True)
+    assert grown["rss"] is not None and shrunk["rss"] is not None and reset["peak_rss"] is not None
+    assert grown["rss"] >= shrunk["rss"] + 32 * 1024 * 1024
+    assert shrunk["peak_rss"] >= grown["rss"] - 4 * 1024 * 1024  # the peak outlives the block
+    assert reset["peak_rss"] < grown["rss"] - 32 * 1024 * 1024  # until the reset
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_reads_its_own_memory():
+    memory_usage()  # the parent's files are open
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its /proc/self is not the parent's
+        os.close(read)
+        files = runner._proc_files()
+        os.write(write, b"ok" if {os.getpid(): files} == runner._PROC_FILES else b"no")
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert os.read(read, 2) == b"ok"
+    os.close(read)
+    assert memory_usage()["rss"] is not None
 
 
 def test_run_passes_dict_as_keyword_arguments():

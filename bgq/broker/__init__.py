@@ -47,7 +47,9 @@ class Delivery(Protocol):
     priority: int  # the priority of the queue it came from (0: the control queue)
 
     def ack(self) -> None:
-        """Acknowledge it: the broker forgets it. Idempotent."""
+        """Acknowledge it: the broker forgets it. Idempotent. A consumer may hold the
+        acknowledgement back until every delivery of the same take is settled, and send them
+        together (then the ack() that settles the last one raises if sending fails)."""
 
     def reject(self) -> None:
         """Return it to its queue for another consumer. Idempotent; a no-op after ack()."""

@@ -296,16 +296,64 @@ class RabbitMQ:
         _close_quietly(connection)
 
 
+class _Settlement:
+    """The deliveries of one take on one channel: their acks go out together, as one
+    basic.ack(multiple) once every delivery of the take is settled.
+
+    multiple=True acknowledges every unacknowledged delivery of the channel up to the tag given.
+    When the last delivery of a take is settled, the only unacknowledged deliveries of the channel
+    are the ones ack()ed since: the others of the take were returned (basic.nack, sent at once and
+    handled before the ack), and a take returns only after it gave back every delivery it did not
+    hand out (the subscription's cancel returns the undispatched ones; _wait nacks the extras);
+    an earlier take's deliveries were all settled, and their acks sent, before this take looked.
+    """
+
+    __slots__ = ("acked", "channel", "unsettled")
+
+    def __init__(self, channel: BlockingChannel, size: int) -> None:
+        self.channel = channel
+        self.unsettled = size  # deliveries of the take neither acked nor rejected yet
+        self.acked: list[int] = []  # delivery tags acked by the caller, not yet sent
+
+    def settled_one(self, *, raising: bool) -> None:
+        """One more delivery is settled; send the acks once all are (BrokerConnectionError if
+        that fails and `raising`, else quiet)."""
+        self.unsettled -= 1
+        if self.unsettled > 0 or not self.acked:
+            return
+        tags, self.acked = self.acked, []
+        try:
+            if len(tags) == 1:
+                self.channel.basic_ack(tags[0])
+            else:
+                self.channel.basic_ack(max(tags), multiple=True)
+        except (pe.AMQPError, OSError) as exc:
+            _close_quietly(self.channel)
+            if raising:
+                raise BrokerConnectionError(
+                    f"Could not acknowledge {len(tags)} message(s) ({exc!r}); RabbitMQ will deliver "
+                    "them again."
+                ) from None
+
+    def flush_alone(self) -> None:
+        """Send the acks gathered so far one by one (multiple=False leaves the unsettled
+        deliveries alone); quiet: used when the consumer closes."""
+        tags, self.acked = self.acked, []
+        with contextlib.suppress(pe.AMQPError, OSError):
+            for tag in tags:
+                self.channel.basic_ack(tag)
+
+
 class RabbitDelivery:
     """One message from RabbitConsumer.take(): ack() or reject() it on the consumer's channel."""
 
     def __init__(
-        self, channel: BlockingChannel, delivery_tag: int, body: str, priority: int, queue: str
+        self, settlement: _Settlement, delivery_tag: int, body: str, priority: int, queue: str
     ) -> None:
         self.body = body
         self.priority = priority
         self.queue = queue  # the name of the queue it came from
-        self._channel = channel
+        self._settlement = settlement
         self._delivery_tag = delivery_tag
         self._settled = False
 
@@ -321,19 +369,18 @@ class RabbitDelivery:
         """Acknowledge; BrokerConnectionError if the channel is gone (the broker then delivers the
         message again, which bgq's exactly-once claim makes harmless).
 
-        basic.ack has no reply: it is written to the socket, and the broker handles it before any
-        later command of this channel (the next take's basic.get included).
+        The deliveries of one take are acknowledged together: the ack() (or reject()) that settles
+        the last of them sends one basic.ack(multiple) for all those acked, and raises if that
+        fails; an earlier ack() only notes its delivery (a consumer that closes sends what was
+        noted; one that dies has its deliveries redelivered, which the claim makes harmless, as
+        above). basic.ack has no reply: it is written to the socket, and the broker handles it
+        before any later command of this channel (the next take's basic.get included).
         """
         if self._settled:
             return
         self._settled = True
-        try:
-            self._channel.basic_ack(self._delivery_tag)
-        except (pe.AMQPError, OSError) as exc:
-            _close_quietly(self._channel)
-            raise BrokerConnectionError(
-                f"Could not acknowledge message {self.body!r} ({exc!r}); RabbitMQ will deliver it again."
-            ) from None
+        self._settlement.acked.append(self._delivery_tag)
+        self._settlement.settled_one(raising=True)
 
     def reject(self) -> None:
         """Return the message to its queue.
@@ -345,8 +392,10 @@ class RabbitDelivery:
         if self._settled:
             return
         self._settled = True
+        settlement = self._settlement
         with contextlib.suppress(pe.AMQPError, OSError):
-            self._channel.basic_nack(self._delivery_tag, requeue=True)
+            settlement.channel.basic_nack(self._delivery_tag, requeue=True)
+        settlement.settled_one(raising=False)
 
 
 class RabbitConsumer:
@@ -449,15 +498,19 @@ class RabbitConsumer:
         else:
             assert failure is not None
             raise failure
+        settlement = _Settlement(channel, len(found))
         self._handed = [
-            RabbitDelivery(channel, tag, body.decode("utf-8", "replace"), wanted[index], names[index])
+            RabbitDelivery(settlement, tag, body.decode("utf-8", "replace"), wanted[index], names[index])
             for index, tag, body in found
         ]
         return list(self._handed)
 
     def close(self) -> None:
-        """Close the connection; an unsettled delivery goes back to its queue."""
+        """Close the connection; an unsettled delivery goes back to its queue (the acks of the
+        others are sent first)."""
         self._abandon_if_forked()
+        if self._handed:
+            self._handed[0]._settlement.flush_alone()
         self._handed = []
         self._drop_channel()
         connection, self._connection = self._connection, None

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from pika import exceptions as pe
+from pika.adapters.blocking_connection import BlockingChannel
 
 from bgq.broker import BrokerConnectionError, BrokerError
 from bgq.broker.rabbitmq import _Topology, connection_parameters, redact
@@ -601,3 +602,101 @@ def test_unsettled_messages_of_a_batch_go_back_at_the_next_take(rabbit: Rabbit) 
     assert [d.body for d in again] == ["2"]
     again[0].ack()
     assert rabbit.count_eventually(f"{q}_1", 0) == 0
+
+
+# --- the acks of a batch: one basic.ack(multiple) once every delivery of the take is settled ---
+
+
+def _recording_acks(monkeypatch) -> list[tuple[int, bool]]:
+    """Every basic.ack the consumers send, as (delivery tag, multiple)."""
+    sent: list[tuple[int, bool]] = []
+    original = BlockingChannel.basic_ack
+
+    def recording(self, delivery_tag=0, multiple=False):
+        sent.append((delivery_tag, multiple))
+        return original(self, delivery_tag, multiple)
+
+    monkeypatch.setattr(BlockingChannel, "basic_ack", recording)
+    return sent
+
+
+@QUEUE_TYPES
+def test_the_acks_of_a_batch_go_out_as_one_once_the_last_is_settled(
+    rabbit: Rabbit, queue_arguments, monkeypatch
+) -> None:
+    broker, q = rabbit.broker(queue_arguments=queue_arguments), rabbit.name()
+    for job_id in (1, 2, 3, 4):
+        broker.publish(job_id, q, 1)
+    sent = _recording_acks(monkeypatch)
+    consumer = rabbit.consumer(broker)
+    batch = consumer.take_batch(q, [1], 4, timeout=2)
+    assert [d.body for d in batch] == ["1", "2", "3", "4"]
+    for delivery in batch[:3]:
+        delivery.ack()
+    assert sent == []  # noted, not sent: the batch is not settled yet
+    batch[3].ack()
+    assert sent == [(batch[3]._delivery_tag, True)]
+    consumer.close()  # nothing unacknowledged is left to come back
+    assert rabbit.count_eventually(f"{q}_1", 0, within=0.5) == 0
+
+
+def test_a_rejected_message_of_a_batch_returns_and_the_acked_ones_do_not(rabbit: Rabbit, monkeypatch) -> None:
+    """A reject goes out at once (another consumer may take the message while the batch is being
+    settled); the acks of the others still go out together, and never cover the returned one."""
+    broker, q = rabbit.broker(), rabbit.name()
+    for job_id in (1, 2, 3):
+        broker.publish(job_id, q, 1)
+    sent = _recording_acks(monkeypatch)
+    consumer = rabbit.consumer(broker)
+    batch = consumer.take_batch(q, [1], 3, timeout=2)
+    assert [d.body for d in batch] == ["1", "2", "3"]
+    batch[0].ack()
+    batch[1].reject()
+    other = rabbit.consumer(broker).take_batch(q, [1], 3, timeout=2)
+    assert [d.body for d in other] == ["2"]
+    batch[2].ack()
+    assert sent == [(batch[2]._delivery_tag, True)]
+    consumer.close()
+    assert rabbit.count_eventually(f"{q}_1", 0, within=0.5) == 0  # 1 and 3 are gone
+    other[0].reject()
+    assert rabbit.count_eventually(f"{q}_1", 1) == 1  # 2 was never covered by the ack
+
+
+def test_acks_noted_before_the_next_take_or_close_are_sent_then(rabbit: Rabbit) -> None:
+    """A batch left partly settled: the next take returns the unsettled messages and sends the
+    acks (the acked messages are gone); close() sends the acks and returns the rest."""
+    broker, q = rabbit.broker(), rabbit.name()
+    for job_id in (1, 2, 3, 4):
+        broker.publish(job_id, q, 1)
+    consumer = rabbit.consumer(broker)
+    first = consumer.take_batch(q, [1], 2, timeout=2)
+    assert [d.body for d in first] == ["1", "2"]
+    first[0].ack()
+    second = consumer.take_batch(q, [1], 1, timeout=2)
+    assert [d.body for d in second] == ["2"]
+    second[0].ack()
+    third = consumer.take_batch(q, [1], 2, timeout=2)
+    assert [d.body for d in third] == ["3", "4"]
+    third[1].ack()
+    consumer.close()
+    again = rabbit.consumer(broker).take_batch(q, [1], 5, timeout=2)
+    assert [d.body for d in again] == ["3"]  # 1, 2 and 4 were acknowledged
+    again[0].ack()
+
+
+def test_the_last_ack_of_a_batch_on_a_lost_connection_raises_and_all_come_back(rabbit: Rabbit) -> None:
+    broker, q = rabbit.broker(), rabbit.name()
+    for job_id in (1, 2):
+        broker.publish(job_id, q, 1)
+    consumer = rabbit.consumer(broker)
+    batch = consumer.take_batch(q, [1], 2, timeout=2)
+    assert [d.body for d in batch] == ["1", "2"]
+    batch[0].ack()
+    _kill_socket(consumer._connection)
+    with pytest.raises(BrokerConnectionError, match="acknowledge 2 message"):
+        batch[1].ack()
+    batch[1].ack()  # settled: idempotent, no second error
+    again = consumer.take_batch(q, [1], 5, timeout=2)
+    assert sorted(d.body for d in again) == ["1", "2"]
+    for delivery in again:
+        delivery.ack()
