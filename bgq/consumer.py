@@ -25,7 +25,7 @@ give-backs, backpressure):
   No batch is taken while `batch_max` results wait to be written (backpressure). An exception out
   of one write is logged at CRITICAL and the writer goes on; one job's failing follow-up costs no
   other job its own.
-- A claimed job that has not started within HOLD_SECONDS (and half of stalled_job_timeout) is
+- A claimed job that has not started within pipeline.HOLD_SECONDS (and half of stalled_job_timeout) is
   given back (state READY, attempts restored) by the writer and its id sent again, so a slow job
   never holds the rest of its batch hostage. SIGTERM / SIGINT: the running job finishes and its
   result is written, the unstarted claimed jobs are given back the same way, then the process
@@ -48,7 +48,7 @@ from .errors import BgqError, ConfigError
 from .executor import PAUSED_RETRY_MS
 from .model import Claimed, ClaimResult, FinishResult, WorkerMode
 from .parts import Parts
-from .pipeline import Done, Held, Pipeline, failure, follow_up, hold_for, result
+from .pipeline import Done, Held, Pipeline, failure, follow_up, result
 from .sender import Message
 from .stopping import GracefulStop
 from .workers import Registry
@@ -57,7 +57,6 @@ from .workers import Registry
 POLL_SECONDS = 1.0
 BATCH_MAX = 100  # messages one batch takes at most (`bgq consume` prefetch)
 BATCH_BUDGET = 0.05  # seconds of work one batch should hold
-HOLD_SECONDS = 1.0  # a claimed job not started within this is given back
 #: The first estimate of a job's duration: "slow", so the first batch is one message, and the
 #: batches grow as jobs prove fast.
 FIRST_ESTIMATE = BATCH_BUDGET
@@ -109,14 +108,8 @@ class _Loop:
         self.pid = os.getpid()
         self.handled = 0  # messages handled (`-j N` counts these)
         self.seconds_per_job = FIRST_ESTIMATE  # a moving average of the jobs' durations
-        self.pipeline = Pipeline(
-            self._write,
-            log=self.log,
-            pinned=self.store.database.pinned,
-            batch_max=batch_max,
-            hold_seconds=hold_for(self.config.stalled_job_timeout, HOLD_SECONDS),
-            wait=POLL_SECONDS,
-            name="bgq-consume-writer",
+        self.pipeline = Pipeline.for_queue(
+            queue, self._write, batch_max=batch_max, wait=POLL_SECONDS, name="bgq-consume-writer"
         )
 
     # --- main thread ---

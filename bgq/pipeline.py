@@ -33,6 +33,9 @@ from dataclasses import dataclass
 
 from .executor import Executor
 from .model import Claimed, FinishResult, JobResult, JobState, Outcome
+from .parts import Parts
+
+HOLD_SECONDS = 1.0  # a claimed job not started within this is given back (at most stalled_job_timeout / 2)
 
 
 @dataclass
@@ -81,6 +84,24 @@ class Pipeline:
         self.writing = 0  # results the writer has taken and not yet written
         self.closing = False
         self.writer = threading.Thread(target=self._writer, name=name, daemon=True)
+
+    @classmethod
+    def for_queue(
+        cls, queue: Parts, write: Callable[[list[Done]], object], *, batch_max: int, wait: float, name: str
+    ) -> Pipeline:
+        """The pipeline of a worker of `queue`: its logger, its database's pinned connection for
+        the writer, and a hold of HOLD_SECONDS, at most half of stalled_job_timeout (the reaper
+        must never find a claimed-but-unstarted job)."""
+        timeout = queue.config.stalled_job_timeout
+        return cls(
+            write,
+            log=queue.config.logger,
+            pinned=queue.store.database.pinned,
+            batch_max=batch_max,
+            hold_seconds=min(HOLD_SECONDS, timeout / 2) if timeout else HOLD_SECONDS,
+            wait=wait,
+            name=name,
+        )
 
     # --- main thread ---
 
@@ -177,12 +198,6 @@ class Pipeline:
             else:
                 keep.append(held)
         self.held = keep
-
-
-def hold_for(stalled_job_timeout: float | None, hold: float) -> float:
-    """How long a claimed job may wait to start: `hold`, and at most half of stalled_job_timeout
-    (the reaper must never find a claimed-but-unstarted job)."""
-    return min(hold, stalled_job_timeout / 2) if stalled_job_timeout else hold
 
 
 def result(done: Done) -> JobResult:

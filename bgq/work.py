@@ -19,7 +19,7 @@ give-backs, backpressure):
     the same transaction claims the group's next head for this worker, which runs it next: a
     group's successor waits for nothing. After CHAIN_MAX hand-offs (or CHAIN_SECONDS) in one
     group the result is written by `{table}_finish_batch` instead and a full claim follows.
-- A claimed job that has not started within HOLD_SECONDS (and half of stalled_job_timeout) is
+- A claimed job that has not started within pipeline.HOLD_SECONDS (and half of stalled_job_timeout) is
   given back (state READY, attempts restored) by the writer, so a slow job never holds others
   hostage and the reaper never finds a claimed-but-unstarted job.
 - Backpressure: no claim while `batch_max` results wait to be written. An exception out of one
@@ -47,14 +47,13 @@ from sqlalchemy.engine import Connection
 from .errors import BgqError, ConfigError
 from .model import Claimed, FinishResult, WorkerMode
 from .parts import Parts
-from .pipeline import Done, Held, Pipeline, failure, follow_up, hold_for, result
+from .pipeline import Done, Held, Pipeline, failure, follow_up, result
 from .procs import Waker
 from .stopping import GracefulStop
 from .workers import Registry
 
 BATCH_MAX = 100  # jobs one claim takes at most (`bgq work --batch`)
 BATCH_BUDGET = 0.05  # seconds of work one claim should hold
-HOLD_SECONDS = 1.0  # a claimed job not started within this is given back
 POLL_SECONDS = 1.0  # longest idle wait between two claims (`bgq work --poll`)
 POLL_MIN = 0.005  # first idle wait on MySQL after work was found
 STOP_CHECK = 0.5  # an idle worker looks at its stop flag at least this often
@@ -133,14 +132,8 @@ class _Worker:
         self.poll = poll
         self.pid = os.getpid()
         self.seconds_per_job = BATCH_BUDGET  # moving average; starts as "slow" (batches of 1)
-        self.pipeline = Pipeline(
-            self._write,
-            log=self.log,
-            pinned=self.store.database.pinned,
-            batch_max=batch_max,
-            hold_seconds=hold_for(queue.config.stalled_job_timeout, HOLD_SECONDS),
-            wait=STOP_CHECK,
-            name="bgq-work-writer",
+        self.pipeline = Pipeline.for_queue(
+            queue, self._write, batch_max=batch_max, wait=STOP_CHECK, name="bgq-work-writer"
         )
         self.limit = limit  # cron mode: run at most this many jobs, stop when idle
         self.deadline = deadline  # cron mode: claim nothing after this time.monotonic()

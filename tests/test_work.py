@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-import bgq.work
+import bgq.pipeline
 from bgq import (
     DieException,
     JobState,
@@ -373,7 +373,7 @@ def test_die_exception_stops_the_worker_before_the_next_job(
 ):
     # Held jobs stay held until the DieException (on a loaded host a 1 s hold could give them
     # back first, and then no give-back at the DieException would be exercised).
-    monkeypatch.setattr(bgq.work, "HOLD_SECONDS", 30.0)
+    monkeypatch.setattr(bgq.pipeline, "HOLD_SECONDS", 30.0)
     calls: list[str] = []
     held_at_die: list[int] = []
     group = "g" if grouped else None
