@@ -48,7 +48,7 @@ from .errors import BgqError, ConfigError
 from .executor import PAUSED_RETRY_MS
 from .model import Claimed, ClaimResult, FinishResult, WorkerMode
 from .parts import Parts
-from .pipeline import Done, Held, Pipeline, failure, follow_up, result
+from .pipeline import Done, Held, Pipeline, batch_answer, failure, follow_up, result
 from .sender import Message
 from .stopping import GracefulStop
 from .workers import Registry
@@ -268,11 +268,11 @@ class _Loop:
         the job its group promoted meanwhile is sent with it; a transaction holding several
         groups' locks would deadlock with other workers, as the claims' 'deferred' explains);
         then publishes what each written result calls for."""
-        plain = [d for d in batch if d.job.claim.serial_group is None and d.clone_delay_ms is None]
+        plain = [d for d in batch if _publishes_nothing(d)]
         if plain:
             self._write_results(plain)
         for d in batch:
-            if not (d.job.claim.serial_group is None and d.clone_delay_ms is None):
+            if not _publishes_nothing(d):
                 self._write_results([d])
 
     def _write_results(self, batch: list[Done]) -> None:
@@ -281,7 +281,7 @@ class _Loop:
         def write(conn: Connection) -> dict[int, FinishResult]:
             if len(batch) > 1:  # ungrouped results without a copy: nothing to publish after them
                 written = procs.finish_batch(conn, [result(d) for d in batch])
-                return {i: FinishResult(w, None, None, None) for i, w in written.items()}
+                return {d.job.id: batch_answer(written, d.job.id) for d in batch}
             (first,) = batch
             one = result(first)  # a give-back is state READY: it wakes a group as a result does
             finished = procs.finish(
@@ -296,7 +296,7 @@ class _Loop:
             return  # the jobs stay PROCESSING; the reaper gives them back after stalled_job_timeout
         given_back: list[Message] = []
         for d in batch:
-            job, written = d.job, results.get(d.job.id, FinishResult(False, None, None, None))
+            job, written = d.job, results[d.job.id]
             if d.outcome is not None:
                 follow_up(executor, self.log, d, written)  # a failure costs the others nothing
             elif written.finished:  # given back: its message was acknowledged, so it is sent again
@@ -312,6 +312,12 @@ class _Loop:
                     )
         if given_back:
             executor.sender.send(given_back)
+
+
+def _publishes_nothing(done: Done) -> bool:
+    """An ungrouped job without a copy: its result promotes nothing and copies nothing, so it is
+    written with the others in one finish_batch."""
+    return done.job.claim.serial_group is None and done.clone_delay_ms is None
 
 
 def _ack(delivery: Delivery, log: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:

@@ -217,6 +217,12 @@ def result(done: Done) -> JobResult:
     )
 
 
+def batch_answer(written: dict[int, bool], job_id: int) -> FinishResult:
+    """{table}_finish_batch's answer for one job, as {table}_finish would give it: written or not
+    (fenced out, or absent), with nothing promoted or copied to publish."""
+    return FinishResult(written.get(job_id, False), None, None, None)
+
+
 def failure(batch: list[Done]) -> str:
     """The message Executor.persist logs when writing `batch` fails."""
     if len(batch) == 1:

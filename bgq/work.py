@@ -45,9 +45,9 @@ from collections.abc import Sequence
 from sqlalchemy.engine import Connection
 
 from .errors import BgqError, ConfigError
-from .model import Claimed, FinishResult, WorkerMode
+from .model import Claimed, WorkerMode
 from .parts import Parts
-from .pipeline import Done, Held, Pipeline, failure, follow_up, result
+from .pipeline import Done, Held, Pipeline, batch_answer, failure, follow_up, result
 from .procs import Waker
 from .stopping import GracefulStop
 from .workers import Registry
@@ -331,10 +331,5 @@ class _Worker:
             return []  # the jobs stay PROCESSING; the reaper gives them back after stalled_job_timeout
         written, successor = done
         for d in batch:
-            follow_up(executor, self.log, d, _written(written, d.job.id))
+            follow_up(executor, self.log, d, batch_answer(written, d.job.id))
         return successor
-
-
-def _written(written: dict[int, bool], job_id: int) -> FinishResult:
-    """finish_batch's answer for one job, as the single finish would have given it."""
-    return FinishResult(written.get(job_id, False), None, None, None)

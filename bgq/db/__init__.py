@@ -38,9 +38,11 @@ def dialect_for(url: sa.URL) -> Dialect:
         from .postgres import PostgresDialect
 
         return PostgresDialect()
-    raise DatabaseError(
-        f"Unsupported database {url.get_backend_name()!r}: use mysql+pymysql:// or postgresql+psycopg://."
-    )
+    raise _unsupported(url.get_backend_name())
+
+
+def _unsupported(backend: str) -> DatabaseError:
+    return DatabaseError(f"Unsupported database {backend!r}: use mysql+pymysql:// or postgresql+psycopg://.")
 
 
 def normalise_url(raw: str) -> sa.URL:
@@ -56,9 +58,7 @@ def normalise_url(raw: str) -> sa.URL:
     backend, _, driver = url.drivername.partition("+")
     name = dialect_name(backend)
     if name is None:
-        raise DatabaseError(
-            f"Unsupported database {backend!r}: use mysql+pymysql:// or postgresql+psycopg://."
-        )
+        raise _unsupported(backend)
     if name == "mysql" and driver != "pymysql":
         url = url.set(drivername=f"{backend}+pymysql")
     elif name == "postgres" and driver != "psycopg":
