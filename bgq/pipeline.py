@@ -146,6 +146,16 @@ class Pipeline:
             self.done.append(done)
             self.wake.notify_all()
 
+    def flush(self, wait: float) -> bool:
+        """Whether results were waiting to be written (taken by the writer or not); if so, wait
+        up to `wait` seconds for the writer to write them all."""
+        with self.lock:
+            if not self.done and not self.writing:
+                return False
+            self.wake.notify_all()
+            self.wake.wait_for(lambda: not self.done and not self.writing or self.closing, timeout=wait)
+            return True
+
     def caught_up(self) -> bool:
         """Backpressure: True once fewer than `batch_max` results wait to be written (taken by the
         writer or not); the caller claims or takes nothing more until then. Without it a writer

@@ -5,20 +5,23 @@ writer, for bookkeeping (bgq/pipeline.py, shared with `bgq consume`: held jobs, 
 give-backs, backpressure):
 
 - Claims: `{table}_claim_batch` claims up to `size` due jobs in one transaction (ungrouped jobs
-  and at most one head of an idle group, in (priority, id) order: a worker takes one group at a
-  time, so several workers work on several groups). `size` adapts to how long jobs take,
-  so that one claim holds about BATCH_BUDGET seconds of work (1 for slow jobs, up to
+  and heads of up to HEADS_MAX idle groups, in (priority, id) order). `size` adapts to how long
+  jobs take, so that one claim holds about BATCH_BUDGET seconds of work (1 for slow jobs, up to
   `batch_max` for fast ones).
 - Every result reaches the table through `_write`, one call of one procedure that hands it to
   `{table}_finish_results` (the one writer: fencing, the RECURRING / WaitingException copy,
   the group's wake-up):
-  - an ungrouped job's result goes to the writer thread, which writes whatever has accumulated
-    with one `{table}_finish_batch` while the main thread runs the next job (group commit): a
-    result waits for one commit, never for a batch to fill or for a slow job to end;
-  - a grouped job's result is written at once on the main thread by `{table}_hand_off`, which in
-    the same transaction claims the group's next head for this worker, which runs it next: a
-    group's successor waits for nothing. After CHAIN_MAX hand-offs (or CHAIN_SECONDS) in one
-    group the result is written by `{table}_finish_batch` instead and a full claim follows.
+  - a result goes to the writer thread, which writes whatever has accumulated with one
+    `{table}_finish_batch` while the main thread runs the next job (group commit): a result
+    waits for one commit, never for a batch to fill or for a slow job to end. Work spread over
+    many groups runs this way: a group is free for the next claim once its result is written,
+    and a claim that finds nothing while results are being written waits for them and claims
+    again;
+  - when a claim found one group's head and nothing else, that job's result is written at once
+    on the main thread by `{table}_hand_off`, which in the same transaction claims the group's
+    next head for this worker, which runs it next, and so on (the chain): a lone group's
+    successor waits for nothing. After CHAIN_MAX hand-offs (or CHAIN_SECONDS) in one group the
+    result is written by `{table}_finish_batch` instead and a full claim follows.
 - A claimed job that has not started within pipeline.HOLD_SECONDS (and half of stalled_job_timeout) is
   given back (state READY, attempts restored) by the writer, so a slow job never holds others
   hostage and the reaper never finds a claimed-but-unstarted job.
@@ -57,6 +60,8 @@ BATCH_BUDGET = 0.05  # seconds of work one claim should hold
 POLL_SECONDS = 1.0  # longest idle wait between two claims (`bgq work --poll`)
 POLL_MIN = 0.005  # first idle wait on MySQL after work was found
 STOP_CHECK = 0.5  # an idle worker looks at its stop flag at least this often
+HEADS_MAX = 16  # group heads one claim takes at most (finding more costs the claim more, and
+# a worker holding every group's head leaves the other workers none until its results are written)
 CHAIN_MAX = 50  # hand-offs in one group before a full claim lets better-priority work in
 CHAIN_SECONDS = 1.0  # ... or this many seconds of hand-offs, whichever comes first
 EMPTY_CLAIMS = 2  # cron mode: claims in a row that found nothing before the run ends
@@ -140,6 +145,7 @@ class _Worker:
         self.ran = 0  # jobs whose callback ran (cron mode's limit counts these and the held ones)
         self.failed = False  # cron mode: the run ended on a database error
         self.chain: tuple[str | None, int, float] = (None, 0, 0.0)  # group, hand-offs in a row, since
+        self.chaining = False  # the last claim found one group's head and nothing else: hand off
 
     # --- main thread ---
 
@@ -182,6 +188,10 @@ class _Worker:
                         self.failed = True
                         break
                     time.sleep(self.poll)
+                    continue
+                if self.pipeline.flush(STOP_CHECK):
+                    # Results were still being written: the groups they end are free once they
+                    # are, so claim again instead of waiting for a wake-up that may never come.
                     continue
                 if self.limit is not None:
                     # A claim finds nothing while work remains when every candidate was taken
@@ -240,9 +250,10 @@ class _Worker:
         return size if remaining is None else max(1, min(size, remaining))
 
     def _claim(self, size: int) -> int:
-        """Claim up to `size` jobs and queue them; how many. One group head at most per claim: a
-        worker takes one group at a time (and keeps it by the hand-off), leaving the other
-        groups' heads to the other workers."""
+        """Claim up to `size` jobs and queue them; how many. Among them heads of up to HEADS_MAX
+        idle groups: their results are written together by the writer like any others, so work
+        spread over many groups runs in batches. Only a claim that finds one group's head and
+        nothing else starts a chain of hand-offs in that group (`_run`)."""
         started = time.monotonic()
         procs, waiting_ms = self.store.procs, self.queue.config.waiting_job_expiration
         jobs = self.executor.retrying(
@@ -254,11 +265,12 @@ class _Worker:
                 self.low,
                 self.high,
                 waiting_ms,
-                max_heads=1,
+                max_heads=min(size, HEADS_MAX),
                 worker_id=self.executor.worker_id,
                 alone=True,
             )
         )
+        self.chaining = len(jobs) == 1 and jobs[0].claim.serial_group is not None
         self.pipeline.hold(jobs, started)  # behind the jobs held before them
         return len(jobs)
 
@@ -278,13 +290,16 @@ class _Worker:
         self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - started)
         done = Done(job, outcome, executor.clone_delay(job.claim, outcome))
         group = job.claim.serial_group
-        if group is None or self._spent():  # the writer writes it (nothing more to claim: too)
-            self.pipeline.put(done)
+        if group is None or not self.chaining or self._spent():
+            self.pipeline.put(done)  # the writer writes it with the others (nothing to claim: too)
         elif self._rotate(group):  # written now, so that the full claim next may take the group too
             self._write([done])
+            self.chaining = False
         else:  # the hand-off: the group's next head runs next
             claimed_at = time.monotonic()
-            self.pipeline.hold(self._write([done], group), claimed_at)
+            successor = self._write([done], group)
+            self.chaining = bool(successor)
+            self.pipeline.hold(successor, claimed_at)
         if outcome.die:
             executor.should_die = True
 

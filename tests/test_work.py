@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import bgq.pipeline
+import bgq.work
 from bgq import (
     DieException,
     JobState,
@@ -170,10 +171,24 @@ def test_every_job_runs_once_and_ends_finished(make_queue, installed, workers):
         assert row["finished_at"] is not None and row["error_message"] is None, row
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["ungrouped", "grouped"])
-def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grouped, monkeypatch):
-    """The written results of the batch path (ungrouped) and of the hand-off path (grouped), each
-    result written once, by finish_batch or hand_off (RECURRING and WaitingException included)."""
+@pytest.mark.parametrize(
+    ("grouped", "heads", "writer"),
+    [
+        (False, bgq.work.HEADS_MAX, "finish_batch"),
+        (True, 1, "hand_off"),
+        (True, bgq.work.HEADS_MAX, "finish_batch"),
+    ],
+    ids=["ungrouped", "grouped-chain", "grouped-batch"],
+)
+def test_outcomes_as_in_process_job(
+    make_queue, installed, workers, caplog, grouped, heads, writer, monkeypatch
+):
+    """The written results of the batch path (ungrouped, and heads of several groups claimed
+    together) and of the hand-off path (a claim that finds one group's head alone), each result
+    written once, by finish_batch or hand_off (RECURRING and WaitingException included)."""
+    monkeypatch.setattr(bgq.work, "HEADS_MAX", heads)
+    if grouped and heads > 1:  # every claim takes several heads from the first (not 1: a slow start)
+        monkeypatch.setattr(bgq.work._Worker, "_size", lambda self: bgq.work.BATCH_MAX)
     calls: Counter[str] = Counter()
 
     def raising(name: str, exc: Exception | None):
@@ -239,7 +254,7 @@ def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grou
         assert worker.finish() == 0
 
     written = {ids[n] for n in ("temp", "runtime", "perm", "skip", "wait", "recur", "ok", "uniq1", "gone")}
-    assert sorted(writes) == sorted(("hand_off" if grouped else "finish_batch", i) for i in written)
+    assert sorted(writes) == sorted((writer, i) for i in written)
     rows = _rows(installed)
     assert calls == Counter(
         {"temp": 1, "runtime": 1, "perm": 1, "skip": 1, "wait": 1, "recur": 1, "uniq": 1, "ok": 1}
@@ -362,6 +377,41 @@ def test_grouped_jobs_run_in_priority_order_without_overlap(make_queue, installe
             (t for t, (_, g, _) in jobs.items() if g == group), key=lambda t: (jobs[t][2], jobs[t][0])
         )
         assert [r[0] for r in mine] == expected, f"{group} did not run in (priority, id) order"
+
+
+def test_a_worker_claims_several_groups_heads_and_claims_again_once_their_results_are_written(
+    make_queue, installed, workers, monkeypatch
+):
+    """Work spread over many groups: one claim takes heads of several groups, their results are
+    written together by the writer, and a claim that finds every group busy with this worker's
+    own unwritten results waits for them and claims again. It must not wait idle: nothing wakes
+    it (the jobs were published before it started), so each such wait cost a whole poll."""
+    ran: list[int] = []
+    queue = make_queue(callbacks={"rec": ran.append})
+    ids = [queue.publish("rec", [n], serial_group=f"g{n % 20}") for n in range(600)]
+    heads_per_claim: list[int] = []
+    real_claim = queue.procs.claim_batch
+
+    def claim(*args: Any, **kwargs: Any) -> Any:
+        jobs = real_claim(*args, **kwargs)
+        heads_per_claim.append(len({j.claim.serial_group for j in jobs}))
+        return jobs
+
+    left_when_idle: list[int] = []
+    real_idle = bgq.work._Worker._idle
+
+    def idle(self: Any, waker: Any, wait: float) -> Any:
+        left_when_idle.append(len(ids) - len(ran))
+        return real_idle(self, waker, wait)
+
+    monkeypatch.setattr(queue.procs, "claim_batch", claim)
+    monkeypatch.setattr(bgq.work._Worker, "_idle", idle)
+    worker = workers(queue, poll=5.0)
+    wait_until(lambda: len(ran) == len(ids), 30, "every job to run")
+    assert worker.finish() == 0
+    assert sorted(ran) == list(range(len(ids)))
+    assert max(heads_per_claim) == bgq.work.HEADS_MAX, heads_per_claim
+    assert [n for n in left_when_idle if n > 0] == [], "idle waits while jobs were left"
 
 
 # --- stopping: DieException, stop requested ---
@@ -663,7 +713,9 @@ def test_a_claim_slower_than_the_hold_still_runs_its_jobs(make_queue, installed,
     """A claim that takes longer than the hold (a loaded server, a large backlog) must not make its
     own jobs stale on arrival: once they were given back unstarted, claimed again, and none ran."""
     ran: list[int] = []
-    queue = make_queue(callbacks={"rec": ran.append}, stalled_job_timeout=2)  # hold: 1 s
+    # The hold is 1 s (HOLD_SECONDS, at most half of stalled_job_timeout), shorter than the claim;
+    # the reaper may take a job claimed 4 s ago, far from the 1.3 s claim on a loaded host.
+    queue = make_queue(callbacks={"rec": ran.append}, stalled_job_timeout=4)
     ids = [queue.publish("rec", [n]) for n in range(3)]
     real = queue.procs.claim_batch
 

@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_batch, version 4 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_claim_batch, version 5 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority, p_max_priority,
@@ -34,9 +34,12 @@
 --   priority (one pass over {{ table }}_pending_head), then its first id there. An ungrouped
 --   job that is not UNIQUE is claimed by an UPDATE of the same columns {{ table }}_claim_job
 --   writes (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id; postponed_by,
---   error_message and metadata cleared). A group head or a UNIQUE job goes through
---   {{ table }}_claim_job, which re-checks it under the group lock (predecessor, UNIQUE
---   duplicate, coalescing); only 'claimed' jobs are returned.
+--   error_message and metadata cleared). So is a NORMAL group head without a coalescing
+--   threshold, not WAITING, once its group row is locked, when it is still the group's head,
+--   in the queue and not paused, and no job of the group is PROCESSING: what
+--   {{ table }}_claim_job would check and write (the short way). Any other group head, or a
+--   UNIQUE job, goes through {{ table }}_claim_job, which re-checks it under the group lock
+--   (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs are returned.
 -- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
 --   UPDATE SKIP LOCKED too: a head whose group row another transaction holds (a claim or a
 --   finish in progress) is left out and the next candidate is tried, so batch claims neither
@@ -77,6 +80,8 @@ BEGIN
     DECLARE v_scanned INT DEFAULT 0;
     DECLARE v_locked INT DEFAULT 0;
     DECLARE v_exists INT DEFAULT 0;
+    DECLARE v_head BIGINT UNSIGNED;
+    DECLARE v_running INT DEFAULT 0;
     DECLARE v_done INT DEFAULT 0;
     DECLARE v_id BIGINT UNSIGNED;
     DECLARE v_outcome VARCHAR(16);
@@ -293,6 +298,7 @@ BEGIN
                 ITERATE fetch_loop;
             END IF;
         END IF;
+        SET v_outcome = NULL;
         IF v_group IS NULL AND v_mode <> 'unique' THEN
             -- The same columns as {{ table }}_claim_job writes; the row is locked already.
             UPDATE {{ table }}
@@ -309,10 +315,46 @@ BEGIN
             WHERE id = v_id AND state IN (1, 4, 6, 8);
             SET v_outcome = IF(ROW_COUNT() > 0, 'claimed', NULL);
         ELSE
-            CALL {{ table }}_claim_job(
-                v_id, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now,
-                v_outcome, v_attempt, v_state, v_predecessor, v_promoted
-            );
+            IF v_group IS NOT NULL AND v_locked > 0 AND v_mode = 'normal' THEN
+                -- The short way (see Steps), under the group lock: the head of a group without a
+                -- PROCESSING job is what {{ table }}_claim_job's predecessor check asks; a head
+                -- that needs anything more of it (WAITING, coalescing) goes the long way below.
+                SET v_head = NULL;
+                SELECT id INTO v_head
+                FROM {{ table }}
+                WHERE pending_group = v_group
+                ORDER BY priority, id
+                LIMIT 1;
+                SELECT COUNT(*) INTO v_running
+                FROM {{ table }}
+                WHERE running_group = v_group;
+                IF v_head = v_id AND v_running = 0 THEN
+                    UPDATE {{ table }}
+                    SET
+                        state = 2,
+                        number_of_attempts = number_of_attempts + 1,
+                        last_attempt_at = v_now,
+                        pid = p_pid,
+                        worker_id = p_worker_id,
+                        postponed_by = NULL,
+                        error_message = NULL,
+                        metadata = NULL,
+                        updated_at = v_now
+                    WHERE
+                        id = v_id
+                        AND state IN (1, 4, 8)
+                        AND coalesce_threshold IS NULL
+                        AND {{ in_queue() }}
+                        AND {{ not_paused() }};
+                    SET v_outcome = IF(ROW_COUNT() > 0, 'claimed', NULL);
+                END IF;
+            END IF;
+            IF v_outcome IS NULL THEN
+                CALL {{ table }}_claim_job(
+                    v_id, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now,
+                    v_outcome, v_attempt, v_state, v_predecessor, v_promoted
+                );
+            END IF;
         END IF;
         IF v_outcome = 'claimed' THEN
             SET v_claimed = JSON_ARRAY_APPEND(v_claimed, '$', v_id), v_count = v_count + 1;

@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_batch, version 4 (PostgreSQL 15)
+-- bgq {{ table }}_claim_batch, version 5 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority,
@@ -35,9 +35,12 @@
 --   (a cost that grows with the groups: every group's first jobs busy or not due). An
 --   ungrouped job that is not UNIQUE is claimed by an UPDATE of the same columns
 --   {{ table }}_claim_job writes (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id;
---   postponed_by, error_message and metadata cleared). A group head or a UNIQUE job goes through
---   {{ table }}_claim_job, which re-checks it under the group lock (predecessor, UNIQUE
---   duplicate, coalescing); only 'claimed' jobs are returned.
+--   postponed_by, error_message and metadata cleared). So is a NORMAL group head without a
+--   coalescing threshold, not WAITING, once its group row is locked, when it is still the
+--   group's head, in the queue and not paused, and no job of the group is PROCESSING: what
+--   {{ table }}_claim_job would check and write (the short way). Any other group head, or a
+--   UNIQUE job, goes through {{ table }}_claim_job, which re-checks it under the group lock
+--   (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs are returned.
 -- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
 --   UPDATE SKIP LOCKED too: a head whose group row another transaction holds (a claim or a
 --   finish in progress) is left out and the next candidate is tried, so batch claims neither
@@ -92,6 +95,7 @@ DECLARE
     v_hpriorities INTEGER[];
     v_hgroups VARCHAR[];
     v_hmodes VARCHAR[];
+    v_locked BOOLEAN;
     c RECORD;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
@@ -261,11 +265,48 @@ BEGIN
             PERFORM 1 FROM {{ table }}_group AS g
             WHERE g.serial_group = v_groups[i]
             FOR UPDATE SKIP LOCKED;
+            v_locked := FOUND;
             -- Not locked, yet there: another transaction holds it. (A group without a row yet
             -- gets one from {{ table }}_claim_job, which may wait for a concurrent first claim.)
-            CONTINUE WHEN NOT FOUND AND EXISTS (
+            CONTINUE WHEN NOT v_locked AND EXISTS (
                 SELECT 1 FROM {{ table }}_group AS g WHERE g.serial_group = v_groups[i]
             );
+            IF v_locked AND v_modes[i] = 'normal' THEN
+                -- The short way (see Steps), under the group lock: the head of a group without a
+                -- PROCESSING job is what {{ table }}_claim_job's predecessor check asks; a head
+                -- that needs anything more of it (WAITING, coalescing) goes the long way below.
+                UPDATE {{ table }} AS j
+                SET state = 2,
+                    number_of_attempts = j.number_of_attempts + 1,
+                    last_attempt_at = v_now,
+                    pid = p_pid,
+                    worker_id = p_worker_id,
+                    postponed_by = NULL,
+                    error_message = NULL,
+                    metadata = NULL,
+                    updated_at = v_now
+                WHERE
+                    j.id = v_ids[i]
+                    AND j.state IN (1, 4, 8)
+                    AND j.coalesce_threshold IS NULL
+                    AND {{ in_queue('j') }}
+                    AND {{ not_paused('j') }}
+                    AND j.id = (
+                        SELECT x.id FROM {{ table }} AS x
+                        WHERE x.serial_group = v_groups[i] AND x.state IN (-1, 1, 4, 6, 8)
+                        ORDER BY x.priority, x.id
+                        LIMIT 1
+                    )
+                    AND NOT EXISTS (
+                        SELECT 1 FROM {{ table }} AS r
+                        WHERE r.serial_group = v_groups[i] AND r.state = 2
+                    );
+                IF FOUND THEN
+                    v_claimed := v_claimed || v_ids[i];
+                    v_heads := v_heads + 1;
+                    CONTINUE;
+                END IF;
+            END IF;
         END IF;
         SELECT * INTO c
         FROM {{ table }}_claim_job(v_ids[i], p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now);

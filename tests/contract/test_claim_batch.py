@@ -39,6 +39,33 @@ def ids(result):
     return [c.id for c in result]
 
 
+def pytest_generate_tests(metafunc):
+    """Every test twice (fixture groups_known): with groups that have no row in {table}_group yet
+    (their heads are claimed through {table}_claim_job, which creates it) and with groups that
+    have one (a plain head takes the short way under the locked row, as in a worker's every claim
+    after its group's first). Tests about a group's first claim run once."""
+    first_only = metafunc.definition.get_closest_marker("new_groups_only") is not None
+    params = ["new-groups"] if first_only else ["new-groups", "known-groups"]
+    metafunc.parametrize("groups_known", params, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def groups_known(request, monkeypatch):
+    """known-groups: new_job gives each new group its row in {table}_group at once."""
+    if request.param == "known-groups":
+        real = new_job
+
+        def known(installed, **kwargs):
+            job_id = real(installed, **kwargs)
+            group = kwargs.get("group")
+            if group is not None and group_row(installed, group) is None:
+                installed.sql("INSERT INTO {t}_group (serial_group, updated_at) VALUES (%s, %s)", (group, T0))
+            return job_id
+
+        monkeypatch.setitem(globals(), "new_job", known)
+    return request.param
+
+
 def _postpone(installed, job_id, **columns):
     """A job that ran at T0 and may run again 60 s later (due from at(60) on)."""
     set_row(installed, job_id, last_attempt_at=T0, postponed_by=60000, **columns)
@@ -438,6 +465,7 @@ def test_an_open_batch_claim_and_a_second_one_get_disjoint_jobs(installed):
         )
 
 
+@pytest.mark.new_groups_only
 def test_a_head_claimed_by_an_open_batch_is_not_claimed_again_by_a_second_batch(installed):
     g1 = new_job(installed, group="g")
     g2 = new_job(installed, group="g")
@@ -479,6 +507,7 @@ def test_concurrent_batch_claims_never_return_the_same_job(installed):
         assert states(installed, *followers) == [1, 1, 1, 1]
 
 
+@pytest.mark.new_groups_only
 def test_a_head_whose_group_row_another_transaction_holds_is_skipped_at_once(installed):
     """The group's head is left out without waiting; the rest of the batch is claimed all the same."""
     head = new_job(installed, group="g")
@@ -515,6 +544,7 @@ def test_max_heads_caps_the_group_heads_of_one_claim_but_not_the_ungrouped_jobs(
     assert ids(claim_batch(installed, 10)) == [heads[2]]
 
 
+@pytest.mark.new_groups_only
 def test_a_claim_that_loses_a_group_to_another_claim_takes_the_next_head(installed):
     """A batch of 1 whose best head belongs to a group another claim holds gets the next head."""
     first = new_job(installed, group="g0")
@@ -532,6 +562,7 @@ def test_a_claim_that_loses_a_group_to_another_claim_takes_the_next_head(install
 # --- errors ---
 
 
+@pytest.mark.new_groups_only
 @pytest.mark.parametrize("bad_limit", [None, 0, -1])
 def test_a_limit_below_one_raises_and_writes_nothing(installed, bad_limit):
     loner = new_job(installed)
