@@ -82,6 +82,7 @@ class Pipeline:
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
         self.writing = 0  # results the writer has taken and not yet written
+        self.writes = 0  # calls of `write` that have ended (written or not)
         self.closing = False
         self.writer = threading.Thread(target=self._writer, name=name, daemon=True)
 
@@ -146,15 +147,15 @@ class Pipeline:
             self.done.append(done)
             self.wake.notify_all()
 
-    def flush(self, wait: float) -> bool:
-        """Whether results were waiting to be written (taken by the writer or not); if so, wait
-        up to `wait` seconds for the writer to write them all."""
+    def flush(self, wait: float) -> int:
+        """Wait up to `wait` seconds for every result handed over so far to be written; return
+        how many writes the writer has ended since it started (a caller that saw no change
+        since an earlier call knows nothing was written in between)."""
         with self.lock:
-            if not self.done and not self.writing:
-                return False
-            self.wake.notify_all()
-            self.wake.wait_for(lambda: not self.done and not self.writing or self.closing, timeout=wait)
-            return True
+            if self.done or self.writing:
+                self.wake.notify_all()
+                self.wake.wait_for(lambda: not self.done and not self.writing or self.closing, timeout=wait)
+            return self.writes
 
     def caught_up(self) -> bool:
         """Backpressure: True once fewer than `batch_max` results wait to be written (taken by the
@@ -191,6 +192,7 @@ class Pipeline:
                     finally:
                         with self.lock:
                             self.writing = 0
+                            self.writes += 1
                             self.wake.notify_all()
                 elif closing:
                     return

@@ -178,6 +178,7 @@ class _Worker:
                     break
                 if not self.pipeline.caught_up():
                     continue
+                writes = self.pipeline.writes  # writes ended before this claim began
                 try:
                     if self._claim(self._size()):
                         idle, empty = POLL_MIN, 0
@@ -189,9 +190,10 @@ class _Worker:
                         break
                     time.sleep(self.poll)
                     continue
-                if self.pipeline.flush(STOP_CHECK):
-                    # Results were still being written: the groups they end are free once they
-                    # are, so claim again instead of waiting for a wake-up that may never come.
+                if self.pipeline.flush(STOP_CHECK) != writes:
+                    # Results were written during the claim or were still being written: the
+                    # groups they end may be free now, so claim again instead of waiting for a
+                    # wake-up that may never come.
                     continue
                 if self.limit is not None:
                     # A claim finds nothing while work remains when every candidate was taken
