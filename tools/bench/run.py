@@ -7,19 +7,19 @@ Usage: python tools/bench/run.py [--systems KEY,...] [--cases a,b,...] [--reps 3
 
 Throughput (jobs/s), one row per system: (a) enqueue one by one, (b) enqueue in bulk (500 per
 batch), (c) process with 1 worker process, (d) with 2, (e) all jobs in one serial group on 2
-workers, (f) jobs spread over 100 groups on 2 workers. Every job's callback appends its number and
-the time.time() of its first and last statement to its worker process's own O_APPEND stamp file;
-a processing figure is N / (last callback end - first callback start). N is sized per system and
-case by a calibration run so that a measured run lasts about --target seconds; every case runs
---reps times, a cell is the median with the min-max spread. The commit floor (pseudo-system
-`floor`, tools/bench/floor.py) is one INSERT + COMMIT per transaction from 1 and 2 clients per
-dialect; each bgq cell is also given as a fraction of it. Cron mode (`bgq process`, K processes
-restarted as they exit, on a backlog of --cron-jobs) is its own table; single-job latency and the
-head-of-group timing (tools/head_timing.py) follow. docs/benchmarks.md, which this writes, explains
-the method and how each peer is configured.
+workers, (f) jobs spread over 100 groups on 2 workers, (g) over 10,000 groups on 2 workers. Every
+job's callback appends its number and the time.time() of its first and last statement to its
+worker process's own O_APPEND stamp file; a processing figure is N / (last callback end - first
+callback start). N is sized per system and case by a calibration run so that a measured run lasts
+about --target seconds; every case runs --reps times, a cell is the median with the min-max
+spread. The commit floor (pseudo-system `floor`, tools/bench/floor.py) is one INSERT + COMMIT per
+transaction from 1 and 2 clients per dialect; each bgq cell is also given as a fraction of it.
+Cron mode (`bgq process`, K processes restarted as they exit, on a backlog of --cron-jobs) is its
+own table; single-job latency and the head-of-group timing (tools/head_timing.py) follow.
+docs/benchmarks.md, which this writes, explains the method and how each peer is configured.
 
 Systems (--systems): floor, bgq-pg-work, bgq-pg-broker, bgq-pg-cron, bgq-my-work, bgq-my-broker,
-bgq-my-cron, pgqueuer, procrastinate, celery, celery-confirm. Cases (--cases): a-f, cron, or "none";
+bgq-my-cron, pgqueuer, procrastinate, celery, celery-confirm. Cases (--cases): a-g, cron, or "none";
 --latency 0 skips the latency table, --no-head-timing the head timing. --quick is a smoke run
 (tiny N, one repetition): its figures are not results.
 
@@ -432,7 +432,7 @@ def calibrate_enqueue(system: System, case: str, args) -> int:
 def not_supported(system: System, case: str) -> str:
     if case == "b" and not system.bulk_supported:
         return "n/a (no batch API)"
-    if case in ("e", "f") and not system.groups_supported:
+    if case in ("e", "f", "g") and not system.groups_supported:
         return "n/a (no serial groups)"
     return ""
 
@@ -678,7 +678,7 @@ def main() -> None:
         "the latency run (L) of that system",
     )
     parser.add_argument(
-        "--cases", default=",".join([*CASES, CRON]), help='throughput cases: a-f, cron, or "none"'
+        "--cases", default=",".join([*CASES, CRON]), help='throughput cases: a-g, cron, or "none"'
     )
     parser.add_argument("--reps", type=int, default=3, help="repetitions per case (median, min-max)")
     parser.add_argument("--target", type=float, default=10.0, help="seconds a processing run should last")

@@ -20,7 +20,7 @@ from pathlib import Path
 PG_ADMIN = os.environ.get("BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 MYSQL_URL = os.environ.get("BENCH_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-CASES = ["a", "b", "c", "d", "e", "f"]
+CASES = ["a", "b", "c", "d", "e", "f", "g"]
 CASE_TITLES = {
     "a": "(a) enqueue 1-by-1",
     "b": "(b) enqueue bulk",
@@ -28,17 +28,19 @@ CASE_TITLES = {
     "d": "(d) 2 workers",
     "e": "(e) 1 group, 2 workers",
     "f": "(f) 100 groups, 2 workers",
+    "g": "(g) 10,000 groups, 2 workers",
     "cron": "cron at a backlog",
 }
 LATENCY = "L"  # the latency run's case key: one worker, no groups
 CRON = "cron"  # the cron-at-a-backlog case key: bgq cron systems only, its own table
 CRON_PRIORITIES = (1, 2, 3)
 CRON_EXIT_WAIT = 10.0  # seconds the `bgq process` runs get to end by themselves once all jobs ran
-GROUPS = {"c": None, "d": None, "e": 1, "f": 100, LATENCY: None}
-PROCESSING = ("c", "d", "e", "f")
+GROUPS = {"c": None, "d": None, "e": 1, "f": 100, "g": 10_000, LATENCY: None}
+PROCESSING = ("c", "d", "e", "f", "g")
 FLOOR = "floor"  # the pseudo-system that measures the durable single-row commit floor
-FLOOR_CLIENTS = {"a": 1, "b": 1, "c": 1, "d": 2, "e": 2, "f": 2, CRON: 2}  # which floor a cell compares to
-WORKERS = {"c": 1, "d": 2, "e": 2, "f": 2, LATENCY: 1}
+# which floor a cell compares to
+FLOOR_CLIENTS = {"a": 1, "b": 1, "c": 1, "d": 2, "e": 2, "f": 2, "g": 2, CRON: 2}
+WORKERS = {"c": 1, "d": 2, "e": 2, "f": 2, "g": 2, LATENCY: 1}
 BULK = 500
 POLL = 0.05
 STOP_GRACE = 3.0  # seconds a worker has to exit after SIGTERM before it gets SIGKILL
