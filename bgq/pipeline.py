@@ -14,6 +14,8 @@ commit). `Pipeline` owns everything between the claim and the write, the same in
   unwritten job stays PROCESSING for the reaper;
 - backpressure (`caught_up`): the mode claims or takes nothing more while `batch_max` results
   wait unwritten;
+- flushing (`flush`): wait until every result handed over is written, and count the writes, so
+  `bgq work` knows whether a claim that found nothing may have raced with a write;
 - closing (`close`): the held jobs are given back, every result is written, the writer ends.
 
 Only the write itself is the mode's own: bgq/work.py writes with `{table}_finish_batch` (and hands

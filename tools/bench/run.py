@@ -713,7 +713,7 @@ def main() -> None:
         action="store_true",
         help="smoke run: tiny N, 1 rep (" + ", ".join(f"{k}={v}" for k, v in QUICK.items()) + ")",
     )
-    parser.add_argument("--deadline", type=float, default=2700.0, help="seconds for all systems")
+    parser.add_argument("--deadline", type=float, default=3900.0, help="seconds for all systems")
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     parser.add_argument("--worker", nargs=4, metavar=("KIND", "SPEC", "READY", "GO"), help=argparse.SUPPRESS)
     args = parser.parse_args()
