@@ -303,15 +303,7 @@ BEGIN
             -- The same columns as {{ table }}_claim_job writes; the row is locked already.
             UPDATE {{ table }}
             SET
-                state = 2,
-                number_of_attempts = number_of_attempts + 1,
-                last_attempt_at = v_now,
-                pid = p_pid,
-                worker_id = p_worker_id,
-                postponed_by = NULL,
-                error_message = NULL,
-                metadata = NULL,
-                updated_at = v_now
+                {{ claim_write() | indent(16) }}
             WHERE id = v_id AND state IN (1, 4, 6, 8);
             SET v_outcome = IF(ROW_COUNT() > 0, 'claimed', NULL);
         ELSE
@@ -331,15 +323,7 @@ BEGIN
                 IF v_head = v_id AND v_running = 0 THEN
                     UPDATE {{ table }}
                     SET
-                        state = 2,
-                        number_of_attempts = number_of_attempts + 1,
-                        last_attempt_at = v_now,
-                        pid = p_pid,
-                        worker_id = p_worker_id,
-                        postponed_by = NULL,
-                        error_message = NULL,
-                        metadata = NULL,
-                        updated_at = v_now
+                        {{ claim_write() | indent(24) }}
                     WHERE
                         id = v_id
                         AND state IN (1, 4, 8)

@@ -79,15 +79,7 @@ BEGIN
     INNER JOIN JSON_TABLE(v_fast, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS k  -- noqa: LT02
         ON k.id = j.id  -- noqa: LT02
     SET
-        j.state = 2,
-        j.number_of_attempts = j.number_of_attempts + 1,
-        j.last_attempt_at = v_now,
-        j.pid = p_pid,
-        j.worker_id = p_worker_id,
-        j.postponed_by = NULL,
-        j.error_message = NULL,
-        j.metadata = NULL,
-        j.updated_at = v_now
+        {{ claim_write('j') | indent(8) }}
     WHERE j.state IN (-1, 1, 4, 6, 8);
 
     -- The other ids, in the order given, through claim_job (MIN: one row even when none is left).

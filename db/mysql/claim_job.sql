@@ -136,15 +136,7 @@ BEGIN
         IF o_outcome IS NULL THEN
             UPDATE {{ table }}
             SET
-                state = 2,
-                number_of_attempts = number_of_attempts + 1,
-                last_attempt_at = v_now,
-                pid = p_pid,
-                postponed_by = NULL,
-                error_message = NULL,
-                metadata = p_metadata,
-                worker_id = p_worker_id,
-                updated_at = v_now
+                {{ claim_write(metadata='p_metadata') | indent(16) }}
             WHERE id = p_id AND state IN (-1, 1, 4, 6, 8);
             SELECT number_of_attempts INTO o_attempt
             FROM {{ table }}

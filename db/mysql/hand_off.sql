@@ -206,15 +206,7 @@ BEGIN
             -- The same columns as {{ table }}_claim_job writes; the group row is locked already.
             UPDATE {{ table }}
             SET
-                state = 2,
-                number_of_attempts = number_of_attempts + 1,
-                last_attempt_at = v_now,
-                pid = p_pid,
-                postponed_by = NULL,
-                error_message = NULL,
-                metadata = NULL,
-                worker_id = p_worker_id,
-                updated_at = v_now
+                {{ claim_write() | indent(16) }}
             WHERE id = v_head AND state IN (1, 4, 8);
             IF ROW_COUNT() > 0 THEN
                 SET v_claimed = v_head;

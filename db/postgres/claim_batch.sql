@@ -245,15 +245,7 @@ BEGIN
         IF v_groups[i] IS NULL AND v_modes[i] <> 'unique' THEN
             -- The same columns as {{ table }}_claim_job writes; the row is locked already.
             UPDATE {{ table }} AS j
-            SET state = 2,
-                number_of_attempts = j.number_of_attempts + 1,
-                last_attempt_at = v_now,
-                pid = p_pid,
-                worker_id = p_worker_id,
-                postponed_by = NULL,
-                error_message = NULL,
-                metadata = NULL,
-                updated_at = v_now
+            SET {{ claim_write() | indent(16) }}
             WHERE j.id = v_ids[i] AND j.state IN (1, 4, 6, 8);
             IF FOUND THEN
                 v_claimed := v_claimed || v_ids[i];
@@ -276,15 +268,7 @@ BEGIN
                 -- PROCESSING job is what {{ table }}_claim_job's predecessor check asks; a head
                 -- that needs anything more of it (WAITING, coalescing) goes the long way below.
                 UPDATE {{ table }} AS j
-                SET state = 2,
-                    number_of_attempts = j.number_of_attempts + 1,
-                    last_attempt_at = v_now,
-                    pid = p_pid,
-                    worker_id = p_worker_id,
-                    postponed_by = NULL,
-                    error_message = NULL,
-                    metadata = NULL,
-                    updated_at = v_now
+                SET {{ claim_write() | indent(20) }}
                 WHERE
                     j.id = v_ids[i]
                     AND j.state IN (1, 4, 8)

@@ -81,15 +81,7 @@ DECLARE
 BEGIN
     WITH claimed AS (
         UPDATE {{ table }} AS j
-        SET state = 2,
-            number_of_attempts = j.number_of_attempts + 1,
-            last_attempt_at = v_now,
-            pid = p_pid,
-            worker_id = p_worker_id,
-            postponed_by = NULL,
-            error_message = NULL,
-            metadata = NULL,
-            updated_at = v_now
+        SET {{ claim_write() | indent(12) }}
         WHERE
             j.id = ANY(v_ids)
             AND j.serial_group IS NULL

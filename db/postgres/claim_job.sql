@@ -115,15 +115,7 @@ BEGIN
 
         IF o_outcome IS NULL THEN
             UPDATE {{ table }} AS j
-            SET state = 2,
-                number_of_attempts = j.number_of_attempts + 1,
-                last_attempt_at = v_now,
-                pid = p_pid,
-                postponed_by = NULL,
-                error_message = NULL,
-                metadata = p_metadata::JSON,
-                worker_id = p_worker_id,
-                updated_at = v_now
+            SET {{ claim_write(metadata='p_metadata::JSON') | indent(16) }}
             WHERE j.id = p_id AND j.state IN (-1, 1, 4, 6, 8);
             SELECT j.number_of_attempts INTO o_attempt FROM {{ table }} AS j WHERE j.id = p_id;
             o_outcome := 'claimed';

@@ -164,15 +164,7 @@ BEGIN
                     -- The same columns as {{ table }}_claim_job writes.
                     RETURN QUERY
                     UPDATE {{ table }} AS j
-                    SET state = 2,
-                        number_of_attempts = j.number_of_attempts + 1,
-                        last_attempt_at = v_now,
-                        pid = p_pid,
-                        postponed_by = NULL,
-                        error_message = NULL,
-                        metadata = NULL,
-                        worker_id = p_worker_id,
-                        updated_at = v_now
+                    SET {{ claim_write() | indent(24) }}
                     WHERE j.id = v_head AND j.state IN (1, 4, 8)
                     RETURNING
                         j.id, j.number_of_attempts, j.callback_name, j.parameters_json,

@@ -42,3 +42,20 @@ NOT EXISTS (
         OR (pz.kind = 'group' AND {{ c }}serial_group = pz.name)
 )
 {%- endmacro %}
+
+{#- The claim's write, the same in every claim: PROCESSING, one more attempt, the claim's time,
+    process and worker; postponement and error cleared, metadata set to `metadata` (NULL unless
+    given). The SET list of an UPDATE of the jobs table; `j` qualifies every column (the alias in a
+    multi-table UPDATE, '' for none); the procedure has v_now, p_pid and p_worker_id in scope. -#}
+{% macro claim_write(j='', metadata='NULL') -%}
+{%- set c = j ~ '.' if j else '' -%}
+{{ c }}state = 2,
+{{ c }}number_of_attempts = {{ c }}number_of_attempts + 1,
+{{ c }}last_attempt_at = v_now,
+{{ c }}pid = p_pid,
+{{ c }}worker_id = p_worker_id,
+{{ c }}postponed_by = NULL,
+{{ c }}error_message = NULL,
+{{ c }}metadata = {{ metadata }},
+{{ c }}updated_at = v_now
+{%- endmacro %}

@@ -39,3 +39,19 @@ NOT EXISTS (
         OR (pz.kind = 'group' AND {{ c }}serial_group = pz.name)
 )
 {%- endmacro %}
+
+{#- The claim's write, the same in every claim: PROCESSING, one more attempt, the claim's time,
+    process and worker; postponement and error cleared, metadata set to `metadata` (NULL unless
+    given). The SET list of an UPDATE of the jobs table aliased `j`; the function has v_now,
+    p_pid and p_worker_id in scope. -#}
+{% macro claim_write(j='j', metadata='NULL') -%}
+state = 2,
+number_of_attempts = {{ j }}.number_of_attempts + 1,
+last_attempt_at = v_now,
+pid = p_pid,
+worker_id = p_worker_id,
+postponed_by = NULL,
+error_message = NULL,
+metadata = {{ metadata }},
+updated_at = v_now
+{%- endmacro %}
