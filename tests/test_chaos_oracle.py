@@ -173,6 +173,25 @@ def test_a_zombies_late_result_in_the_row_is_a_mismatch() -> None:
     assert refailed.row_mismatches == 1 and refailed.stuck == 1
 
 
+def test_a_run_that_starts_as_its_process_resumes_is_a_zombie_start_whose_result_must_not_land() -> None:
+    """Process 101 decided to run the job and froze (2..14 s) before the callback's first statement;
+    the job was reaped and run by process 100 meanwhile. Its late run is classified, and the row
+    must hold process 100's result (bgq fences the late one out)."""
+    early = run(3, 100, 10.0, 10.1)
+    late = [ev(3, "start", 101, 14.0002), ev(3, "end", 101, 17.0)]
+    faults = [fault("stop", 2.0, 101), fault("cont", 14.0, 101)]
+    right = oracle.judge([FREE], early + late, faults, {4: done(4, 100, 10.1, 2)})
+    assert not right.failed, right.evidence
+    assert right.zombie_tails == 1 and right.rerun_classes == {"frozen before start": 1}
+    assert "its result was not written" in right.evidence["zombie start"][0]
+    landed = oracle.judge([FREE], early + late, faults, {4: done(4, 101, 17.0, 2)})
+    assert landed.row_mismatches == 1 and landed.failed
+    # One that starts 1 s after the resume had time to check its claim: an unexplained re-run.
+    slow = [ev(3, "start", 101, 15.0), ev(3, "end", 101, 17.0)]
+    checked = oracle.judge([FREE], early + slow, faults, {4: done(4, 100, 10.1, 2)})
+    assert checked.unexplained_reruns == 1 and checked.row_mismatches == 1 and checked.failed
+
+
 def test_torn_lines_and_unmatched_events_are_malformed() -> None:
     events, bad = oracle.parse_ledger("1-0.ledger", ["0 start 1 5 1.0", "0 end 1 6", "garbage", ""])
     assert bad == 2 and len(events) == 1

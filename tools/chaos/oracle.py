@@ -28,6 +28,12 @@ FINISHED = 3
 RESULT_WINDOW_S = 5.0
 #: Clock tolerance (s) between the callback's wall time and the database's finished_at.
 CLOCK_TOLERANCE_S = 0.5
+#: A callback that starts within this many seconds after its process was resumed from a freeze
+#: (SIGCONT) is a zombie start: the process decided to run the job before it froze, and no queue
+#: can stop a frozen process between its last check of the claim and the callback's first
+#: statement (bgq checks a late claim with a fenced heartbeat and a commit before it starts a
+#: job, which takes longer than this; the result of a run on a lost claim is fenced out).
+ZOMBIE_START_S = 0.005
 EXAMPLES = 5  # evidence lines kept per kind
 
 REAPED_RE = re.compile(r"Stalled job reaped\. \(ID: (\d+)")
@@ -87,6 +93,7 @@ class Execution:
     cut: int | None = None  # kill time, when the process was killed before 'end'
     stops: list[tuple[int, int]] = field(default_factory=list)  # frozen spans inside the execution
     interrupt: tuple[int, str] | None = None  # first kill/stop of its pid at or after start
+    resumed: int | None = None  # a SIGCONT of its pid at most ZOMBIE_START_S before its start
 
     @property
     def stop_ns(self) -> int:
@@ -246,6 +253,8 @@ def executions(
             if not later:
                 verdict.note("unterminated", f"{ex.describe()}: no end and no kill (cut at the run's end)")
         ex.stops = [(a, b) for a, b in stops.get(ex.pid, []) if a < ex.stop_ns and b > ex.start]
+        window = int(ZOMBIE_START_S * 1e9)
+        ex.resumed = next((b for a, b in stops.get(ex.pid, []) if ex.start - window <= b <= ex.start), None)
         interrupts = [(k, "killed") for k in later]
         interrupts += [(a, "frozen") for a, _ in stops.get(ex.pid, []) if a >= ex.start]
         ex.interrupt = min(interrupts) if interrupts else None
@@ -363,8 +372,8 @@ def check_completions(
         verdict.completed += 1
         for k in range(1, len(runs)):
             rerun = runs[k]
-            reason = None
-            for prev in runs[:k]:
+            reason = "frozen before start" if rerun.resumed is not None else None  # a zombie start
+            for prev in runs[:k] if reason is None else []:
                 if prev.interrupt is None:
                     continue
                 t, how = prev.interrupt
@@ -387,15 +396,39 @@ def check_completions(
 
 
 def check_rows(execs: Sequence[Execution], rows: Mapping[int, Row], verdict: Verdict) -> None:
-    """(f) For a re-run job whose last run completed, the row is the last run's, not a zombie's."""
+    """(f) For a re-run job whose last run completed, the row is the last run's, not a zombie's. A
+    last run that is a zombie start (ZOMBIE_START_S) after another run completed is set aside: the
+    row must be the run before it, and not the zombie start's result."""
     per_job: dict[int, list[Execution]] = defaultdict(list)
     for ex in execs:
         per_job[ex.job.id].append(ex)
     for job_id, runs in per_job.items():
+        row = rows.get(job_id)
+        zombie_start = runs[-1] if len(runs) >= 2 and runs[-1].resumed is not None else None
+        if zombie_start is not None and any(r.end is not None for r in runs[:-1]):
+            verdict.zombie_tails += 1
+            landed = (
+                row is not None
+                and row.pid == zombie_start.pid
+                and zombie_start.end_wall is not None
+                and row.finished_at is not None
+                and row.finished_at >= zombie_start.end_wall - CLOCK_TOLERANCE_S
+            )
+            after = (zombie_start.start - (zombie_start.resumed or 0)) / 1e6
+            verdict.note(
+                "zombie start",
+                f"{zombie_start.describe()} started {after:.1f} ms after its process was resumed, "
+                "after an earlier run had completed"
+                + ("; its result was written" if landed else "; its result was not written"),
+            )
+            if landed:
+                verdict.row_mismatches += 1
+                verdict.note("row mismatch", f"job {job_id}: the zombie start's result was written")
+                continue
+            runs = runs[:-1]
         last = runs[-1]
         if len(runs) < 2 or last.end is None or last.end_wall is None:
             continue
-        row = rows.get(job_id)
         problems = []
         if row is None:
             problems.append("row missing")

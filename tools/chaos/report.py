@@ -141,9 +141,13 @@ fault log:
 - **lost**: published, never completed;
 - **re-runs**: a second run of a job is **classified** only when an earlier run's process was
   killed or frozen after that run started and at most 5 s after its end (before its result could be
-  written); every other second run or second completion is **unexplained**;
+  written), or when it started at most 5 ms after its own process was resumed from a freeze (a
+  **zombie start**, counted with the zombie tails: the process decided to run the job before it
+  froze, and bgq's check of a late claim takes longer than that); every other second run or second
+  completion is **unexplained**;
 - **row mismatches**: for a re-run job, the row (state, attempts, finished_at, pid) must be the
-  last run's, not a zombie's late result; plus unreadable ledger lines;
+  last run's (the one before a zombie start), not a zombie's late result; plus unreadable ledger
+  lines;
 - **stuck**: rows of bgq's table that are not FINISHED at the end, by state (read only for this
   end-state snapshot), and **drain s**: how long after the last fault the last job ended;
 - **max gap s**: the longest time without any job ending anywhere (at: seconds after the first
