@@ -31,8 +31,9 @@ CLOCK_TOLERANCE_S = 0.5
 #: A callback that starts within this many seconds after its process was resumed from a freeze
 #: (SIGCONT) is a zombie start: the process decided to run the job before it froze, and no queue
 #: can stop a frozen process between its last check of the claim and the callback's first
-#: statement (bgq checks a late claim with a fenced heartbeat and a commit before it starts a
-#: job, which takes longer than this; the result of a run on a lost claim is fenced out).
+#: statement (bgq fences the result of a run on a lost claim). The window is a judgement, not a
+#: measurement: a process that resumed and then checked its claim on the database usually takes
+#: longer; a double run that slips under it is still caught by check_rows if its result lands.
 ZOMBIE_START_S = 0.005
 EXAMPLES = 5  # evidence lines kept per kind
 

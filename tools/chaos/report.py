@@ -143,8 +143,8 @@ fault log:
   killed or frozen after that run started and at most 5 s after its end (before its result could be
   written), or when it started at most 5 ms after its own process was resumed from a freeze (a
   **zombie start**, counted with the zombie tails: the process decided to run the job before it
-  froze, and bgq's check of a late claim takes longer than that); every other second run or second
-  completion is **unexplained**;
+  froze; the 5 ms are a judgement, and a zombie start's result in the row is still a row mismatch);
+  every other second run or second completion is **unexplained**;
 - **row mismatches**: for a re-run job, the row (state, attempts, finished_at, pid) must be the
   last run's (the one before a zombie start), not a zombie's late result; plus unreadable ledger
   lines;
