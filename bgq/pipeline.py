@@ -154,8 +154,7 @@ class Pipeline:
         how many writes the writer has ended since it started (a caller that saw no change
         since an earlier call knows nothing was written in between)."""
         with self.lock:
-            if self.done or self.writing:
-                self.wake.notify_all()
+            if self.done or self.writing:  # `put` woke the writer for them already
                 self.wake.wait_for(lambda: not self.done and not self.writing or self.closing, timeout=wait)
             return self.writes
 

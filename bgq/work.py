@@ -146,6 +146,7 @@ class _Worker:
         self.failed = False  # cron mode: the run ended on a database error
         self.chain: tuple[str | None, int, float] = (None, 0, 0.0)  # group, hand-offs in a row, since
         self.chaining = False  # the last claim found one group's head and nothing else: hand off
+        # (only a claim changes it: a chain's hand-offs hold at most that group's next head)
 
     # --- main thread ---
 
@@ -296,12 +297,9 @@ class _Worker:
             self.pipeline.put(done)  # the writer writes it with the others (nothing to claim: too)
         elif self._rotate(group):  # written now, so that the full claim next may take the group too
             self._write([done])
-            self.chaining = False
         else:  # the hand-off: the group's next head runs next
             claimed_at = time.monotonic()
-            successor = self._write([done], group)
-            self.chaining = bool(successor)
-            self.pipeline.hold(successor, claimed_at)
+            self.pipeline.hold(self._write([done], group), claimed_at)
         if outcome.die:
             executor.should_die = True
 
