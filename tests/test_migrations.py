@@ -380,7 +380,7 @@ EDITS = {
         "postgres": ("ON {{ table }} (identifier);", "ON {{ table }} (identifier, id);"),
     }),
     "unique": ("indexes", {
-        "mysql": ("UNIQUE KEY {{ table }}_running_group", "KEY {{ table }}_running_group"),
+        "mysql": ("    KEY {{ table }}_running_group", "    UNIQUE KEY {{ table }}_running_group"),
         "postgres": ("CREATE UNIQUE INDEX IF NOT EXISTS {{ table }}_running_group",
                      "CREATE INDEX IF NOT EXISTS {{ table }}_running_group"),
     }),

@@ -17,8 +17,7 @@
 --   documented in {{ table }}_claim, for this job; one more outcome: 'deferred', a grouped job
 --   after the first one (nothing changed; state NULL): claim it with {{ table }}_claim in a
 --   transaction of its own: a transaction that holds several groups' locks deadlocks with the
---   claims and finishes of other workers (the order of group rows; on InnoDB, the gap locks of
---   the running_group index).
+--   claims and finishes of other workers (they take group rows in another order).
 -- Steps: the ungrouped jobs that are not UNIQUE, are in the queue, claimable (-1, 1, 4, 6, 8)
 --   and not paused (macros/rules.sql not_paused) are read with a locking read, then claimed by
 --   one UPDATE of the columns {{ table }}_claim_job writes (PROCESSING, attempts + 1,

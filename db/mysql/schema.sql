@@ -131,8 +131,13 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     updated_at DATETIME(6) NOT NULL,
     -- Set by {{ table }}_cancel on a PROCESSING job: its heartbeat reports the abort.
     abort_requested_at DATETIME(6) NULL,
-    -- The group while the job is PROCESSING, else NULL. Its unique index makes a second
-    -- PROCESSING job of one group impossible: the last line of defence behind the procedures.
+    -- The group while the job is PROCESSING, else NULL. Its index is not UNIQUE (migration
+    -- 0007_running_group_key): InnoDB's duplicate check on a unique secondary index takes gap
+    -- locks even at READ COMMITTED, beside entries the purge has not removed yet, so one open
+    -- claim made claims of other groups and even publishes wait for it (until a frozen session
+    -- was cut; on MySQL 8, which cannot cut it, for hours). One PROCESSING job per group is
+    -- kept by the group row lock: every write that makes a grouped job PROCESSING holds it and
+    -- re-checks that none is. (PostgreSQL keeps its unique partial index: no gap locks there.)
     running_group VARCHAR(255) COLLATE utf8mb4_bin
     GENERATED ALWAYS AS (CASE WHEN state = 2 THEN serial_group END) STORED,
     -- The group while the job is claimable (-1, 1, 4, 6, 8), else NULL: one index dive on
@@ -155,7 +160,7 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     GENERATED ALWAYS AS (CASE WHEN serial_group IS NOT NULL AND state IN (1, 4, 6, 8) THEN priority END)
     STORED,
     PRIMARY KEY (id),
-    UNIQUE KEY {{ table }}_running_group (running_group),
+    KEY {{ table }}_running_group (running_group),
     KEY {{ table }}_ungrouped (ungrouped_priority, id),
     KEY {{ table }}_pending_head (pending_group, priority, id),
     KEY {{ table }}_group_state (serial_group, state, priority, id),
