@@ -485,7 +485,9 @@ class Console:
     async def events(self, request: Request) -> Response:
         """Server-sent events: `change` when the table changed. PostgreSQL wakes on the jobs
         table's NOTIFY (inserts, released jobs); both dialects also poll a cheap fingerprint
-        (Reads.signature) every POLL_S seconds, which sees every other change."""
+        (Reads.signature) every POLL_S seconds, which sees every other change. The stream says
+        `change` once as it opens: what changed between the page's render and this first
+        fingerprint (or while a cut stream reconnects) is in neither."""
 
         def fingerprint() -> tuple[Any, ...]:
             with self.queue.database.transaction() as conn:
@@ -496,6 +498,7 @@ class Console:
             last = await anyio.to_thread.run_sync(fingerprint)
             try:
                 yield "retry: 2000\n\n"
+                yield "event: change\ndata: \n\n"
                 while not await request.is_disconnected():
                     woke = False
                     if listener is not None:
