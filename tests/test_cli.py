@@ -1,9 +1,7 @@
-"""The `bgq` command line, run as a real subprocess: argument errors, install-procs, process."""
+"""The `bgq` command line: argument errors, install-procs, process (tests/support/cli.py runs it)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,9 +13,9 @@ from bgq import JobState
 from bgq.db import Database
 from bgq.install import uninstall
 from tests.conftest import DATABASE_URLS
+from tests.support.cli import BGQ, run_bgq
 from tests.support.helpers import state_of, unique_name
 
-BGQ = shutil.which("bgq", path=str(Path(sys.executable).parent)) or str(Path(sys.executable).parent / "bgq")
 UNREACHABLE = {
     "mysql": "mysql+pymysql://root@127.0.0.1:1/test",
     "postgres": "postgresql+psycopg://postgres@127.0.0.1:1/test",
@@ -25,16 +23,8 @@ UNREACHABLE = {
 
 
 def bgq(*args: str, pythonpath: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120):
-    """Run the console script with a clean bgq environment and return the CompletedProcess."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("BGQ_")}
-    if pythonpath is not None:
-        clean["PYTHONPATH"] = os.pathsep.join([str(pythonpath), clean.get("PYTHONPATH", "")]).rstrip(
-            os.pathsep
-        )
-    clean.update(env or {})
-    return subprocess.run(
-        [BGQ, *args], capture_output=True, text=True, env=clean, timeout=timeout, check=False
-    )
+    """`bgq ARGS` with a clean bgq environment; a one-shot command runs in this process."""
+    return run_bgq(*args, pythonpath=pythonpath, env=env, timeout=timeout)
 
 
 def write_app(tmp_path: Path, url: str, table: str, *, extra: str = "") -> str:

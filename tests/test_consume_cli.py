@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from bgq import JobState
 from tests.conftest import AMQP_URL, probe_rabbitmq, require_service
+from tests.support.cli import run_bgq
 from tests.support.helpers import state_of
-
-BGQ = str(Path(sys.executable).parent / "bgq")
 
 
 @pytest.fixture
@@ -44,7 +40,9 @@ def app(tmp_path, installed, rabbit):
 
 
 def _bgq(env, *args, timeout=60):
-    return subprocess.run([BGQ, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    """`bgq ARGS` with the app fixture's BGQ_* variables and import path."""
+    bgq_vars = {k: v for k, v in env.items() if k.startswith("BGQ_")}
+    return run_bgq(*args, env=bgq_vars, pythonpath=env["PYTHONPATH"].split(os.pathsep)[0], timeout=timeout)
 
 
 def test_checklist_95_consume_j_handles_exactly_n_messages(app, broker_queue, installed, rabbit):

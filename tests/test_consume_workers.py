@@ -6,9 +6,10 @@ import signal
 import subprocess
 
 from bgq import JobState
+from tests.support.cli import BGQ
 from tests.support.helpers import state_of
 from tests.support.work_app import wait_until
-from tests.test_consume_cli import BGQ, app  # noqa: F401  (the fixture)
+from tests.test_consume_cli import app  # noqa: F401  (the fixture)
 from tests.test_metrics import _free_port, _samples, _scrape, _value
 
 

@@ -20,8 +20,9 @@ import pytest
 
 from bgq import JobState, PriorityError, PublishError, SerializationError, UnknownCallbackError, aio
 from tests.conftest import AMQP_URL
+from tests.support.cli import BGQ
 from tests.support.helpers import state_of
-from tests.support.work_app import BGQ, ROOT, read_ledger, wait_until
+from tests.support.work_app import ROOT, read_ledger, wait_until
 
 
 def noop(*args, **kwargs):

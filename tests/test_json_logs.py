@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 from bgq import JobState
+from tests.support.cli import run_bgq
 from tests.support.helpers import state_of
-from tests.support.work_app import BGQ, ROOT, wait_until
+from tests.support.work_app import ROOT, wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)
 
 FIELDS = {"job_id", "callback", "queue", "group", "attempt", "outcome", "duration_ms"}
@@ -28,15 +28,8 @@ def test_bgq_process_logs_one_json_object_per_line_with_the_job_fields(make_queu
     queue = make_queue(callbacks={"noop": print, "fail": print}, priorities=[1, 2, 3])
     ok = queue.publish("noop")
     bad = queue.publish("fail", serial_group="g-json", priority=2)
-    env = {**runner.env, "BGQ_APP": "tests.support.work_app:queue"}
-    done = subprocess.run(
-        [BGQ, "--log-format", "json", "process"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    env = {**runner.bgq_env, "BGQ_APP": "tests.support.work_app:queue"}
+    done = run_bgq("--log-format", "json", "process", cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
     assert all(line.startswith("{") for line in done.stderr.splitlines()), done.stderr  # nothing else
     records = _json_lines(done.stderr)

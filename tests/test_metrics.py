@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from bgq import JobState, PermanentErrorException, TemporaryErrorException, metrics
 from bgq.model import WorkerMode
 from bgq.workers import Registry
-from tests.support.work_app import BGQ, ROOT, wait_until
+from tests.support.cli import BGQ
+from tests.support.work_app import ROOT, wait_until
 
 GROUPS = ("grp-secret-a", "grp-secret-b")
 
@@ -166,10 +167,16 @@ def test_bgq_metrics_serves_the_table_and_bgq_work_c2_adds_its_workers_counters(
     ]
     try:
         wait_until(lambda: _table_counts(installed) == {("general", 3): 6}, 60, "the six jobs to finish")
-        text = wait_until(lambda: _scrape(table_port), 30, "bgq metrics to answer")
-        samples = _samples(text)
+
+        # One forked worker may run all six before the other has registered: wait for both.
+        def both_registered() -> dict[str, list] | None:
+            text = _scrape(table_port)
+            samples = _samples(text) if text else {}
+            registered = _value(samples.get("bgq_workers", []), "bgq_workers", mode="work")
+            return samples if registered == 2 else None
+
+        samples = wait_until(both_registered, 30, "bgq metrics to list the two work processes")
         assert _value(samples["bgq_jobs"], "bgq_jobs", queue="general", state="finished") == 6
-        assert _value(samples["bgq_workers"], "bgq_workers", mode="work") == 2
         text = wait_until(lambda: _scrape(work_port), 30, "bgq work --metrics-port to answer")
         samples = _samples(text)
         assert _value(samples["bgq_jobs_processed"], "bgq_jobs_processed_total", outcome="finished") == 6

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -16,9 +15,9 @@ import pytest
 
 import bgq
 from bgq.model import JobState
+from tests.support.cli import BGQ, run_bgq
 
 ROOT = Path(__file__).resolve().parent.parent
-BGQ = str(Path(sys.executable).parent / "bgq")
 UTC = dt.UTC
 
 
@@ -248,12 +247,10 @@ def test_the_decorator_form_declares_the_function_as_the_callback(make_queue, in
 
 
 def test_cli_schedules_pause_resume_cancel_and_monitor(make_queue, installed, clean_schedules):
-    env = {**os.environ, "BGQ_TEST_SCHED_URL": installed.url, "BGQ_TEST_SCHED_TABLE": installed.table}
-    env["PYTHONPATH"] = str(ROOT)
+    env = {"BGQ_TEST_SCHED_URL": installed.url, "BGQ_TEST_SCHED_TABLE": installed.table}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [BGQ, "--app", "tests.support.schedule_app:queue", *args]
-        return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        return run_bgq("--app", "tests.support.schedule_app:queue", *args, env=env, pythonpath=ROOT, cwd=ROOT)
 
     app = make_queue(queue="sched", callbacks={"tick": lambda host=None: None})  # as tests/schedule_app.py
     app.schedule("every2s", "*/2 * * * * *", "tick")

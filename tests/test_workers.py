@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 
 import pytest
 
@@ -16,8 +15,9 @@ from bgq.errors import ConfigError
 from bgq.model import WorkerMode, WorkerRow
 from bgq.reaper import REAP_INTERVAL
 from bgq.workers import Registry, version
+from tests.support.cli import run_bgq
 from tests.support.helpers import state_of
-from tests.support.work_app import BGQ, ROOT, wait_until
+from tests.support.work_app import ROOT, wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)
 
 
@@ -95,17 +95,15 @@ def test_bgq_workers_lists_a_running_bgq_work_and_forgets_it_after_sigterm(insta
     runner = cli()
     proc = runner.start("work", "-c", "2")
     wait_until(lambda: len(_rows(installed)) == 2, 30, "two registered workers", interval=0.2)
-    env = {**runner.env, "BGQ_APP": "tests.support.work_app:queue"}
-    listed = subprocess.run(
-        [BGQ, "workers", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    env = {**runner.bgq_env, "BGQ_APP": "tests.support.work_app:queue"}
+    listed = run_bgq("workers", "--json", cwd=ROOT, env=env)
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
     assert sorted(r["mode"] for r in rows) == ["work", "work"]
     assert {r["host"] for r in rows} == {socket.gethostname()}
     assert len({r["pid"] for r in rows}) == 2 and proc.pid not in {r["pid"] for r in rows}  # the forks
     assert all(r["dead"] is False and r["heartbeat_age_s"] < 30 and r["jobs_done"] == 0 for r in rows)
-    text = subprocess.run([BGQ, "workers"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    text = run_bgq("workers", cwd=ROOT, env=env)
     assert text.returncode == 0 and text.stdout.splitlines()[0].startswith("ID\tHOST\tPID\tMODE")
     assert len(text.stdout.splitlines()) == 3
     code, _ = runner.terminate(proc, timeout=20)

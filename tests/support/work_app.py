@@ -19,7 +19,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bgq import Queue
+from tests.support.cli import BGQ
 
 _engines: dict[tuple[int, str], sa.Engine] = {}
 
@@ -134,7 +134,6 @@ def crashing_queue() -> Queue:
 ROOT = (
     Path(__file__).resolve().parents[2]
 )  # the repository root: the CLI imports `tests.support.work_app` from it
-BGQ = str(Path(sys.executable).parent / "bgq")
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
@@ -174,6 +173,11 @@ class Cli:
         log.close()
         self.procs.append(proc)
         return proc
+
+    @property
+    def bgq_env(self) -> dict[str, str]:
+        """The BGQ_* variables the started processes get (for tests.support.cli.run_bgq)."""
+        return {k: v for k, v in self.env.items() if k.startswith("BGQ_")}
 
     def output(self, proc: subprocess.Popen[bytes]) -> str:
         return (self.logs / f"worker{self.procs.index(proc)}.log").read_text(errors="replace")
