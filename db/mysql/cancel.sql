@@ -53,7 +53,7 @@ BEGIN
     WHERE id = p_id
     FOR UPDATE;
 
-    IF v_state IN (-1, 1, 4, 6, 8) THEN
+    IF {{ unstarted(column='v_state') }} THEN
         UPDATE {{ table }}
         SET
             state = 7,
@@ -61,7 +61,7 @@ BEGIN
             postponed_by = NULL,
             finished_at = v_now,
             updated_at = v_now
-        WHERE id = p_id AND state IN (-1, 1, 4, 6, 8);
+        WHERE id = p_id AND {{ unstarted() }};
         SET v_outcome = 'cancelled';
         IF v_group IS NOT NULL THEN
             CALL {{ table }}_group_wake(v_group, v_now, v_promoted);

@@ -161,10 +161,7 @@ BEGIN
                 ORDER BY x.priority, x.id
                 LIMIT 1
             )
-            AND NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS r
-                WHERE r.running_group = s.serial_group
-            )
+            AND {{ no_job_running('s.serial_group') }}
         ORDER BY s.priority, s.id
         LIMIT v_head_candidates
     ) AS h;
@@ -218,10 +215,7 @@ BEGIN
                 AND j.priority BETWEEN v_min AND v_max
                 AND {{ in_queue('j') }}
                 AND {{ due('j') }}
-                AND NOT EXISTS (
-                    SELECT 1 FROM {{ table }} AS r
-                    WHERE r.running_group = j.serial_group
-                )
+                AND {{ no_job_running('j.serial_group') }}
             ORDER BY j.priority, j.id
             LIMIT v_head_candidates
         ) AS hh;

@@ -68,7 +68,7 @@ BEGIN
     WHERE
         j.serial_group IS NULL
         AND j.mode <> 'unique'
-        AND j.state IN (-1, 1, 4, 6, 8)
+        AND {{ unstarted('j') }}
         AND {{ in_queue('j') }}
         AND {{ not_paused('j') }}
     FOR UPDATE;
@@ -79,7 +79,7 @@ BEGIN
         ON k.id = j.id  -- noqa: LT02
     SET
         {{ claim_write('j') | indent(8) }}
-    WHERE j.state IN (-1, 1, 4, 6, 8);
+    WHERE {{ unstarted('j') }};
 
     -- The other ids, in the order given, through claim_job (MIN: one row even when none is left).
     IF JSON_LENGTH(v_fast) < JSON_LENGTH(p_ids) THEN

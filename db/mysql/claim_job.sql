@@ -96,7 +96,7 @@ BEGIN
             SET o_outcome = 'skipped';
             LEAVE body;
         END IF;
-        IF o_state NOT IN (-1, 1, 4, 6, 8) THEN
+        IF NOT {{ unstarted(column='o_state') }} THEN
             SET o_outcome = 'unexpected';
             LEAVE body;
         END IF;
@@ -128,7 +128,7 @@ BEGIN
                     error_message = CONCAT('Waiting for job ID ', o_predecessor_id),
                     postponed_by = p_waiting_ms,
                     updated_at = v_now
-                WHERE id = p_id AND state IN (-1, 1, 4, 6, 8);
+                WHERE id = p_id AND {{ unstarted() }};
                 SET o_outcome = 'waiting', o_state = 6;
             END IF;
         END IF;
@@ -137,7 +137,7 @@ BEGIN
             UPDATE {{ table }}
             SET
                 {{ claim_write(metadata='p_metadata') | indent(16) }}
-            WHERE id = p_id AND state IN (-1, 1, 4, 6, 8);
+            WHERE id = p_id AND {{ unstarted() }};
             SELECT number_of_attempts INTO o_attempt
             FROM {{ table }}
             WHERE id = p_id;
@@ -147,7 +147,7 @@ BEGIN
                 SET state = 7, finished_at = v_now, updated_at = v_now
                 WHERE
                     serial_group = v_group
-                    AND state IN (-1, 1, 4, 6, 8)
+                    AND {{ unstarted() }}
                     AND id <> p_id
                     AND coalesce_threshold >= v_threshold;
             END IF;

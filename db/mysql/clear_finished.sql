@@ -41,10 +41,7 @@ BEGIN
         SELECT g.serial_group
         FROM {{ table }}_group AS g
         WHERE
-            NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS r
-                WHERE r.running_group = g.serial_group
-            )
+            {{ no_job_running('g.serial_group') }}
             AND NOT EXISTS (
                 SELECT 1 FROM {{ table }} AS p
                 WHERE p.pending_group = g.serial_group
@@ -76,10 +73,7 @@ BEGIN
             DELETE FROM {{ table }}_group
             WHERE
                 serial_group = v_group
-                AND NOT EXISTS (
-                    SELECT 1 FROM {{ table }}
-                    WHERE running_group = v_group
-                )
+                AND {{ no_job_running('v_group') }}
                 AND NOT EXISTS (
                     SELECT 1 FROM {{ table }}
                     WHERE pending_group = v_group

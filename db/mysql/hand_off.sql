@@ -188,10 +188,7 @@ BEGIN
         AND h.priority BETWEEN v_min AND v_max
         AND {{ in_queue('h') }}
         AND {{ due('h') }}
-        AND NOT EXISTS (
-            SELECT 1 FROM {{ table }} AS x
-            WHERE x.running_group = p_group
-        );
+        AND {{ no_job_running('p_group', 'x') }};
 
     IF v_short = 1 AND v_head IS NOT NULL THEN
         -- The short way's claim, when the head needs nothing of {{ table }}_claim_job's.

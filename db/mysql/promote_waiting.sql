@@ -27,10 +27,7 @@ BEGIN
         FROM {{ table }}_group AS g
         WHERE
             g.waiting_head_id IS NOT NULL
-            AND NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS r
-                WHERE r.running_group = g.serial_group
-            )
+            AND {{ no_job_running('g.serial_group') }}
         ORDER BY g.waiting_head_id
         FOR UPDATE SKIP LOCKED; -- noqa: PRS
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = 1;

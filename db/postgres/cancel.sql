@@ -56,14 +56,14 @@ BEGIN
     END IF;
     SELECT j.state INTO v_state FROM {{ table }} AS j WHERE j.id = p_id FOR UPDATE;
 
-    IF v_state IN (-1, 1, 4, 6, 8) THEN
+    IF {{ unstarted(column='v_state') }} THEN
         UPDATE {{ table }} AS j
         SET state = 7,
             error_message = 'Cancelled: ' || COALESCE(p_reason, ''),
             postponed_by = NULL,
             finished_at = v_now,
             updated_at = v_now
-        WHERE j.id = p_id AND j.state IN (-1, 1, 4, 6, 8);
+        WHERE j.id = p_id AND {{ unstarted('j') }};
         v_outcome := 'cancelled';
         IF v_group IS NOT NULL THEN
             v_promoted := {{ table }}_group_wake(v_group, v_now);

@@ -132,16 +132,8 @@ BEGIN
         WHERE
             {{ in_queue('s') }}
             AND {{ due('s') }}
-            AND s.id = (
-                SELECT x.id FROM {{ table }} AS x
-                WHERE x.serial_group = s.serial_group AND x.state IN (-1, 1, 4, 6, 8)
-                ORDER BY x.priority, x.id
-                LIMIT 1
-            )
-            AND NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS r
-                WHERE r.serial_group = s.serial_group AND r.state = 2
-            )
+            AND s.id = {{ group_head_id('s.serial_group') }}
+            AND {{ no_job_running('s.serial_group') }}
         ORDER BY s.priority, s.id
         LIMIT v_head_candidates
     ) AS h;
@@ -175,7 +167,7 @@ BEGIN
                         FROM {{ table }} AS g
                         WHERE
                             g.serial_group IS NOT NULL
-                            AND g.state IN (-1, 1, 4, 6, 8)
+                            AND {{ unstarted('g') }}
                         ORDER BY g.serial_group, g.priority, g.id
                         LIMIT 1
                     )
@@ -189,7 +181,7 @@ BEGIN
                         FROM {{ table }} AS g
                         WHERE
                             g.serial_group > h.serial_group
-                            AND g.state IN (-1, 1, 4, 6, 8)
+                            AND {{ unstarted('g') }}
                         ORDER BY g.serial_group, g.priority, g.id
                         LIMIT 1
                     ) AS n
@@ -198,14 +190,7 @@ BEGIN
                 SELECT * FROM heads
             ) AS h
             WHERE
-                h.state IN (1, 4, 6, 8)
-                AND h.priority BETWEEN v_min AND v_max
-                AND {{ in_queue('h') }}
-                AND {{ due('h') }}
-                AND NOT EXISTS (
-                    SELECT 1 FROM {{ table }} AS x
-                    WHERE x.serial_group = h.serial_group AND x.state = 2
-                )
+                {{ head_claimable('h', 'h.serial_group') | indent(16) }}
             ORDER BY h.priority, h.id
             LIMIT v_head_candidates) AS hh;
     END IF;
@@ -275,16 +260,8 @@ BEGIN
                     AND j.coalesce_threshold IS NULL
                     AND {{ in_queue('j') }}
                     AND {{ not_paused('j') }}
-                    AND j.id = (
-                        SELECT x.id FROM {{ table }} AS x
-                        WHERE x.serial_group = v_groups[i] AND x.state IN (-1, 1, 4, 6, 8)
-                        ORDER BY x.priority, x.id
-                        LIMIT 1
-                    )
-                    AND NOT EXISTS (
-                        SELECT 1 FROM {{ table }} AS r
-                        WHERE r.serial_group = v_groups[i] AND r.state = 2
-                    );
+                    AND j.id = {{ group_head_id('v_groups[i]') }}
+                    AND {{ no_job_running('v_groups[i]') }};
                 IF FOUND THEN
                     v_claimed := v_claimed || v_ids[i];
                     v_heads := v_heads + 1;

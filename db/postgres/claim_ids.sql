@@ -85,7 +85,7 @@ BEGIN
             j.id = ANY(v_ids)
             AND j.serial_group IS NULL
             AND j.mode <> 'unique'
-            AND j.state IN (-1, 1, 4, 6, 8)
+            AND {{ unstarted('j') }}
             AND {{ in_queue('j') }}
             AND {{ not_paused('j') }}
         RETURNING j.id

@@ -79,7 +79,7 @@ BEGIN
             o_outcome := 'skipped';
             EXIT body;
         END IF;
-        IF o_state NOT IN (-1, 1, 4, 6, 8) THEN
+        IF NOT {{ unstarted(column='o_state') }} THEN
             o_outcome := 'unexpected';
             EXIT body;
         END IF;
@@ -107,7 +107,7 @@ BEGIN
                     error_message = 'Waiting for job ID ' || o_predecessor_id,
                     postponed_by = p_waiting_ms,
                     updated_at = v_now
-                WHERE j.id = p_id AND j.state IN (-1, 1, 4, 6, 8);
+                WHERE j.id = p_id AND {{ unstarted('j') }};
                 o_outcome := 'waiting';
                 o_state := 6;
             END IF;
@@ -116,7 +116,7 @@ BEGIN
         IF o_outcome IS NULL THEN
             UPDATE {{ table }} AS j
             SET {{ claim_write(metadata='p_metadata::JSON') | indent(16) }}
-            WHERE j.id = p_id AND j.state IN (-1, 1, 4, 6, 8);
+            WHERE j.id = p_id AND {{ unstarted('j') }};
             SELECT j.number_of_attempts INTO o_attempt FROM {{ table }} AS j WHERE j.id = p_id;
             o_outcome := 'claimed';
             o_state := 2;
@@ -124,7 +124,7 @@ BEGIN
                 UPDATE {{ table }} AS j
                 SET state = 7, finished_at = v_now, updated_at = v_now
                 WHERE j.serial_group = v_group
-                  AND j.state IN (-1, 1, 4, 6, 8)
+                  AND {{ unstarted('j') }}
                   AND j.id <> p_id
                   AND j.coalesce_threshold >= v_threshold;
             END IF;

@@ -52,26 +52,20 @@ BEGIN
     FOR v_group IN
         SELECT g.serial_group
         FROM {{ table }}_group AS g
-        WHERE NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS r
-                WHERE r.serial_group = g.serial_group AND r.state = 2
-            )
+        WHERE {{ no_job_running('g.serial_group') }}
           AND NOT EXISTS (
                 SELECT 1 FROM {{ table }} AS p
-                WHERE p.serial_group = g.serial_group AND p.state IN (-1, 1, 4, 6, 8)
+                WHERE p.serial_group = g.serial_group AND {{ unstarted('p') }}
             )
         ORDER BY g.serial_group
         FOR UPDATE OF g SKIP LOCKED
     LOOP
         DELETE FROM {{ table }}_group AS g
         WHERE g.serial_group = v_group
-          AND NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS r
-                WHERE r.serial_group = v_group AND r.state = 2
-            )
+          AND {{ no_job_running('v_group') }}
           AND NOT EXISTS (
                 SELECT 1 FROM {{ table }} AS p
-                WHERE p.serial_group = v_group AND p.state IN (-1, 1, 4, 6, 8)
+                WHERE p.serial_group = v_group AND {{ unstarted('p') }}
             );
     END LOOP;
 

@@ -58,7 +58,7 @@ BEGIN
     IF v_running IS NULL THEN
         SELECT j.id, j.state INTO v_head, v_head_state
         FROM {{ table }} AS j
-        WHERE j.serial_group = p_group AND j.state IN (-1, 1, 4, 6, 8)
+        WHERE j.serial_group = p_group AND {{ unstarted('j') }}
         ORDER BY j.priority, j.id
         LIMIT 1;
         IF v_head_state = 6 THEN

@@ -140,18 +140,12 @@ BEGIN
                     g.last_attempt_at, g.postponed_by, g.processed_by_broker, g.mode,
                     g.coalesce_threshold
                 FROM {{ table }} AS g
-                WHERE g.serial_group = p_group AND g.state IN (-1, 1, 4, 6, 8)
+                WHERE g.serial_group = p_group AND {{ unstarted('g') }}
                 ORDER BY g.priority, g.id
                 LIMIT 1
             ) AS h
             WHERE
-                h.state IN (1, 4, 6, 8)
-                AND h.priority BETWEEN v_min AND v_max
-                AND {{ in_queue('h') }}
-                AND {{ due('h') }}
-                AND NOT EXISTS (
-                    SELECT 1 FROM {{ table }} AS x WHERE x.serial_group = p_group AND x.state = 2
-                );
+                {{ head_claimable('h', 'p_group') | indent(16) }};
             IF v_head IS NULL OR (
                 v_head_state IN (1, 4, 8) AND v_head_mode = 'normal' AND v_head_threshold IS NULL
             ) THEN
@@ -200,18 +194,12 @@ BEGIN
         SELECT g.id, g.priority, g.state, g.queue, g.serial_group, g.created_at, g.last_attempt_at,
             g.postponed_by, g.processed_by_broker
         FROM {{ table }} AS g
-        WHERE g.serial_group = p_group AND g.state IN (-1, 1, 4, 6, 8)
+        WHERE g.serial_group = p_group AND {{ unstarted('g') }}
         ORDER BY g.priority, g.id
         LIMIT 1
     ) AS h
     WHERE
-        h.state IN (1, 4, 6, 8)
-        AND h.priority BETWEEN v_min AND v_max
-        AND {{ in_queue('h') }}
-        AND {{ due('h') }}
-        AND NOT EXISTS (
-            SELECT 1 FROM {{ table }} AS x WHERE x.serial_group = p_group AND x.state = 2
-        );
+        {{ head_claimable('h', 'p_group') | indent(8) }};
 
     IF v_head IS NOT NULL THEN
         -- The group row without waiting: this transaction holds it already when p_results

@@ -41,7 +41,7 @@ BEGIN
 
     SELECT j.id, j.priority INTO v_result, v_head_priority
     FROM {{ table }} AS j
-    WHERE j.serial_group = v_group AND j.state IN (-1, 1, 4, 6, 8)
+    WHERE j.serial_group = v_group AND {{ unstarted('j') }}
     ORDER BY j.priority, j.id
     LIMIT 1;
     IF v_result IS NULL OR v_result = p_id THEN

@@ -33,10 +33,7 @@ BEGIN
         SELECT g.serial_group
         FROM {{ table }}_group AS g
         WHERE g.waiting_head_id IS NOT NULL
-          AND NOT EXISTS (
-              SELECT 1 FROM {{ table }} AS r
-              WHERE r.serial_group = g.serial_group AND r.state = 2
-          )
+          AND {{ no_job_running('g.serial_group') }}
         ORDER BY g.waiting_head_id
         FOR UPDATE OF g SKIP LOCKED
     LOOP

@@ -59,3 +59,17 @@ NOT EXISTS (
 {{ c }}metadata = {{ metadata }},
 {{ c }}updated_at = v_now
 {%- endmacro %}
+
+{#- Not started yet: BACK_TO_BROKER (-1), READY (1), TEMPORARILY_FAILED (4), WAITING (6),
+    BROKER_FAILED (8) in `column` (of the row aliased `j`, or a variable holding a state):
+    the states a group's head is chosen among; pending_group is set for exactly these. -#}
+{% macro unstarted(j='', column='state') -%}
+{%- set c = j ~ '.' if j else '' -%}
+{{ c }}{{ column }} IN (-1, 1, 4, 6, 8)
+{%- endmacro %}
+
+{#- No job of serial group `group` (an SQL expression) is PROCESSING: the group is free for a
+    claim. One probe of the running_group index; `r` is the probe's alias. -#}
+{% macro no_job_running(group, r='r') -%}
+NOT EXISTS (SELECT 1 FROM {{ table }} AS {{ r }} WHERE {{ r }}.running_group = {{ group }})
+{%- endmacro %}

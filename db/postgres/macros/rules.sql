@@ -55,3 +55,40 @@ error_message = NULL,
 metadata = {{ metadata }},
 updated_at = v_now
 {%- endmacro %}
+
+{#- Not started yet: BACK_TO_BROKER (-1), READY (1), TEMPORARILY_FAILED (4), WAITING (6),
+    BROKER_FAILED (8) in `column` (of the row aliased `j`, or a variable holding a state):
+    the states a group's head is chosen among, and {{ table }}_pending_head's predicate, which a
+    query must repeat word for word for the planner to use that partial index. -#}
+{% macro unstarted(j='', column='state') -%}
+{%- set c = j ~ '.' if j else '' -%}
+{{ c }}{{ column }} IN (-1, 1, 4, 6, 8)
+{%- endmacro %}
+
+{#- No job of serial group `group` (an SQL expression) is PROCESSING: the group is free for a
+    claim. One probe of {{ table }}_running_group; `r` is the probe's alias. -#}
+{% macro no_job_running(group, r='r') -%}
+NOT EXISTS (SELECT 1 FROM {{ table }} AS {{ r }} WHERE {{ r }}.serial_group = {{ group }} AND {{ r }}.state = 2)
+{%- endmacro %}
+
+{#- The id of serial group `group`'s head: its first unstarted job in (priority, id) order, due
+    or not (one index dive on {{ table }}_pending_head); NULL for a group with none. -#}
+{% macro group_head_id(group, x='x') -%}
+(
+    SELECT {{ x }}.id FROM {{ table }} AS {{ x }}
+    WHERE {{ x }}.serial_group = {{ group }} AND {{ unstarted(x) }}
+    ORDER BY {{ x }}.priority, {{ x }}.id
+    LIMIT 1
+)
+{%- endmacro %}
+
+{#- A group's head `h` (from a dive such as group_head_id's) may be claimed by this call: in a
+    claimable state, of the priority range v_min..v_max, of the queue, due, and its group
+    (`group`) has no PROCESSING job. The function has v_min, v_max, p_queue and v_now in scope. -#}
+{% macro head_claimable(h, group) -%}
+{{ h }}.state IN (1, 4, 6, 8)
+AND {{ h }}.priority BETWEEN v_min AND v_max
+AND {{ in_queue(h) }}
+AND {{ due(h) }}
+AND {{ no_job_running(group, 'x') }}
+{%- endmacro %}
