@@ -648,6 +648,7 @@ def _started_at(runner: Cli, token: str) -> float:
     return float(found[0])
 
 
+@pytest.mark.slow  # three idle waits longer than --poll 5: ~17 s
 def test_cli_an_idle_worker_starts_a_new_job_at_once(make_queue, installed, cli):
     """Idle for longer than --poll, when its claims come `poll` seconds apart, a worker starts a
     newly published job within far less: PostgreSQL wakes on LISTEN (the insert trigger
