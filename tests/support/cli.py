@@ -90,7 +90,9 @@ def _in_process(
     if cwd is not None:
         os.chdir(cwd)
     try:
-        result = CliRunner().invoke(cli.app, list(args), env=overrides, catch_exceptions=True)
+        result = CliRunner().invoke(
+            cli.app, list(args), env=overrides, catch_exceptions=True, prog_name="bgq"
+        )
     finally:
         os.chdir(before)
         sys.path[:] = saved_path
