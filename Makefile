@@ -30,10 +30,12 @@ web: $(STAMP)
 
 # The suite in TEST_WORKERS processes (pytest-xdist; most tests wait on servers and workers, so more
 # processes than cores pay). TEST_WORKERS=0 runs it in this process, e.g. to debug one test.
+# --dist worksteal: a process that runs out of tests takes pending ones from another, so a few
+# long tests (real worker processes, tens of seconds) do not leave the others idle at the end.
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	sh tools/install-chromium.sh
-	$(BIN)/pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check bgq tests tools
