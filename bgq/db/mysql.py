@@ -78,7 +78,7 @@ class MySQLDialect:
             f" WHERE r.ROUTINE_SCHEMA = DATABASE() AND LOWER(r.ROUTINE_NAME) IN ({marks})",
             tuple(names),
         ).all()
-        parameters: dict[str, list[tuple[str, str]]] = {}
+        parameters: dict[str, list[tuple[str, str, str]]] = {}  # routine -> (mode, name, type)
         for routine, mode, name, declared in conn.exec_driver_sql(
             "SELECT LOWER(p.SPECIFIC_NAME), p.PARAMETER_MODE, p.PARAMETER_NAME, p.DTD_IDENTIFIER"
             " FROM information_schema.PARAMETERS AS p"
@@ -87,15 +87,15 @@ class MySQLDialect:
             tuple(names),
         ):
             if mode is not None and name is not None and declared is not None:
-                parameters.setdefault(routine, []).append((mode, f"{mode} {name} {declared}"))
+                parameters.setdefault(routine, []).append((mode, name, declared))
         out = []
         for name, kind, digest in rows:
             params = parameters.get(name, [])
-            arguments = "; ".join(text for _, text in params)
+            arguments = "; ".join(" ".join(p) for p in params)
             out.append(
                 InstalledRoutine(
                     name=name,
-                    inputs=tuple(text.split(" ")[1] for mode, text in params if mode == "IN"),
+                    inputs=tuple(param for mode, param, _ in params if mode == "IN"),
                     signature=f"{kind} ({arguments})",
                     definition_digest=digest,
                 )
