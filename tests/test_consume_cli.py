@@ -9,7 +9,7 @@ import pytest
 
 from bgq import JobState
 from tests.conftest import AMQP_URL, probe_rabbitmq, require_service
-from tests.support.cli import run_bgq
+from tests.support.cli import bgq_vars, run_bgq
 from tests.support.helpers import state_of
 
 
@@ -41,8 +41,9 @@ def app(tmp_path, installed, rabbit):
 
 def _bgq(env, *args, timeout=60):
     """`bgq ARGS` with the app fixture's BGQ_* variables and import path."""
-    bgq_vars = {k: v for k, v in env.items() if k.startswith("BGQ_")}
-    return run_bgq(*args, env=bgq_vars, pythonpath=env["PYTHONPATH"].split(os.pathsep)[0], timeout=timeout)
+    return run_bgq(
+        *args, env=bgq_vars(env), pythonpath=env["PYTHONPATH"].split(os.pathsep)[0], timeout=timeout
+    )
 
 
 def test_checklist_95_consume_j_handles_exactly_n_messages(app, broker_queue, installed, rabbit):

@@ -16,7 +16,7 @@ import pytest
 
 from bgq import JobState, Queue
 from bgq.cli import queue_lock_name
-from tests.support.cli import BGQ, run_bgq
+from tests.support.cli import BGQ, bgq_vars, run_bgq
 from tests.support.helpers import unique_name
 from tests.support.work_app import wait_until
 
@@ -69,10 +69,10 @@ class Runs:
         return [BGQ, "--app", f"{self.module}:queue", *args]
 
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120):
-        bgq_vars = {k: v for k, v in {**self.env, **(env or {})}.items() if k.startswith("BGQ_")}
         return run_bgq(
-            "--app", f"{self.module}:queue", *args, env=bgq_vars, pythonpath=self.tmp_path, timeout=timeout
-        )
+            "--app", f"{self.module}:queue", *args, env=bgq_vars({**self.env, **(env or {})}),
+            pythonpath=self.tmp_path, timeout=timeout,
+        )  # fmt: skip
 
     def start(self, *args: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen(

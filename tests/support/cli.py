@@ -36,6 +36,11 @@ ONE_SHOT = frozenset(
 )  # fmt: skip
 
 
+def bgq_vars(env: dict[str, str]) -> dict[str, str]:
+    """The BGQ_* variables of an environment: what run_bgq's `env` takes."""
+    return {k: v for k, v in env.items() if k.startswith("BGQ_")}
+
+
 def _command(args: tuple[str, ...]) -> str | None:
     """The subcommand's name: the first argument that is not an option or an option's value."""
     takes_value = {"--app", "--database-url", "--table", "--log-format"}
@@ -58,7 +63,8 @@ def run_bgq(
     timeout: float = 120,
     real: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """`bgq ARGS` with no BGQ_* variable but those in `env`; pythonpath goes first on the import path."""
+    """`bgq ARGS` with no BGQ_* variable but those in `env`; pythonpath goes first on the import path.
+    `timeout` bounds a subprocess only: an in-process command runs to its end."""
     if real or _command(args) not in ONE_SHOT:
         clean = {k: v for k, v in os.environ.items() if not k.startswith("BGQ_")}
         if pythonpath is not None:

@@ -27,7 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bgq import Queue
-from tests.support.cli import BGQ
+from tests.support.cli import BGQ, bgq_vars
 
 _engines: dict[tuple[int, str], sa.Engine] = {}
 
@@ -177,7 +177,7 @@ class Cli:
     @property
     def bgq_env(self) -> dict[str, str]:
         """The BGQ_* variables the started processes get (for tests.support.cli.run_bgq)."""
-        return {k: v for k, v in self.env.items() if k.startswith("BGQ_")}
+        return bgq_vars(self.env)
 
     def output(self, proc: subprocess.Popen[bytes]) -> str:
         return (self.logs / f"worker{self.procs.index(proc)}.log").read_text(errors="replace")
