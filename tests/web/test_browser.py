@@ -5,6 +5,7 @@ the same-origin check."""
 from __future__ import annotations
 
 import re
+import time
 
 from playwright.sync_api import expect
 
@@ -40,6 +41,29 @@ def test_login_is_required_and_counts_change_live_after_a_publish(pages, console
     console.queue.publish("mail", {"to": "b@example.com"})
     console.queue.publish("mail", {"to": "c@example.com"})
     expect(ready).to_have_text("3", timeout=8000)  # no reload: the server-sent event refreshed it
+
+
+def test_a_change_while_a_refresh_is_in_flight_is_shown_too(pages, console):
+    """Jobs published while the page's refresh is on its way: the `change` they cause is queued
+    behind that refresh and runs after it, instead of being dropped with the element it swapped."""
+    console.queue.publish("mail", {"to": "a@example.com"})
+    held = []
+
+    def hold_the_first_refresh(route):
+        if held:
+            route.continue_()
+            return
+        held.append(route.fetch())  # the counts as they are now: one READY job
+        console.queue.publish("mail", {"to": "b@example.com"})
+        console.queue.publish("mail", {"to": "c@example.com"})
+        time.sleep(3.5)  # their `change` (NOTIFY, or the 2 s fingerprint poll) reaches the page
+        route.fulfill(response=held[0])
+
+    page = pages(ADMIN)
+    page.route("**/fragments/overview", hold_the_first_refresh)
+    assert page.goto("/").status == 200
+    expect(page.locator('#counts th[data-total="READY"]')).to_have_text("3", timeout=15000)
+    assert held, "the page never refreshed"
 
 
 def test_filter_the_jobs_to_one_serial_group(pages, console):
