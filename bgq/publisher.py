@@ -6,6 +6,7 @@ import asyncio
 import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +62,10 @@ class Publisher:
         self.config = config
         self.store = store
         self.sender = sender
-        self.bulk_batch: Bulk | None = None
+        # The bulk in progress belongs to the thread (or asyncio task) that started it: a web app's
+        # one module-level queue serves many threads, and one request's bulk must not take in the
+        # jobs other threads publish meanwhile.
+        self._bulk: ContextVar[Bulk | None] = ContextVar(f"bgq_bulk_{id(self)}", default=None)
         self._aio: AsyncPostgres | None = None  # publish_async's connections (PostgreSQL)
 
     def publish(
@@ -82,10 +86,11 @@ class Publisher:
             self.config, callback_name, parameters, serial_group, identifier, mode, postpone_by, priority,
             coalesce_threshold,
         )  # fmt: skip
-        if connection is None and self.bulk_batch is not None:
-            self.bulk_batch.jobs.append(job)
-            if len(self.bulk_batch.jobs) >= self.config.bulk_size:
-                self._flush_bulk()
+        batch = self._bulk.get() if connection is None else None
+        if batch is not None:
+            batch.jobs.append(job)
+            if len(batch.jobs) >= self.config.bulk_size:
+                self._flush_bulk(batch)
             return None
         store = self.store
         if connection is None:
@@ -144,38 +149,41 @@ class Publisher:
         if self._aio is not None:
             await self._aio.aclose()
 
-    def start_bulk(self) -> None:
-        """Buffer publish() calls; every `bulk_size` jobs go in one INSERT (PostgreSQL: of arrays;
-        MySQL: of a row of values per job), more only when their parameters exceed BULK_INSERT_BYTES."""
-        if self.bulk_batch is None:
-            self.bulk_batch = Bulk()
+    def start_bulk(self) -> Bulk:
+        """Buffer this thread's (or asyncio task's) publish() calls; every `bulk_size` jobs go in one
+        INSERT (PostgreSQL: of arrays; MySQL: of a row of values per job), more only when their
+        parameters exceed BULK_INSERT_BYTES. Other threads' calls insert at once, as before."""
+        batch = self._bulk.get()
+        if batch is None:
+            batch = Bulk()
+            self._bulk.set(batch)
+        return batch
 
     def end_bulk(self) -> list[int]:
-        """Insert what is buffered and return the ids of every job published since start_bulk()."""
-        if self.bulk_batch is None:
+        """Insert what this thread buffered and return the ids of every job it published since
+        start_bulk()."""
+        batch = self._bulk.get()
+        if batch is None:
             return []
         try:
-            self._flush_bulk()
-            return self.bulk_batch.ids
+            self._flush_bulk(batch)
+            return batch.ids
         finally:
-            self.bulk_batch = None
+            self._bulk.set(None)
 
     @contextmanager
     def bulk(self) -> Iterator[Bulk]:
         """`with queue.bulk() as batch: ...` then `batch.ids`; an exception inside inserts nothing more."""
-        self.start_bulk()
-        batch = self.bulk_batch
-        assert batch is not None
+        batch = self.start_bulk()
         try:
             yield batch
         except BaseException:
-            self.bulk_batch = None
+            self._bulk.set(None)
             raise
         self.end_bulk()
 
-    def _flush_bulk(self) -> None:
-        batch = self.bulk_batch
-        if batch is None or not batch.jobs:
+    def _flush_bulk(self, batch: Bulk) -> None:
+        if not batch.jobs:
             return
         jobs, batch.jobs = batch.jobs, []
         procs = self.store.procs

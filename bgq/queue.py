@@ -231,11 +231,13 @@ class Queue:
         return register(func) if func is not None else register
 
     def start_bulk(self) -> None:
-        """Buffer publish() calls; every `bulk_size` jobs go in one multi-row INSERT."""
+        """Buffer this thread's (or asyncio task's) publish() calls; every `bulk_size` jobs go in one
+        multi-row INSERT. Other threads publishing on this queue meanwhile insert at once."""
         self.publisher.start_bulk()
 
     def end_bulk(self) -> list[int]:
-        """Insert what is buffered and return the ids of every job published since start_bulk()."""
+        """Insert what this thread buffered and return the ids of every job it published since
+        start_bulk()."""
         return self.publisher.end_bulk()
 
     def bulk(self) -> AbstractContextManager[Bulk]:

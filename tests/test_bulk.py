@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import threading
 
 import pytest
 
@@ -79,6 +80,56 @@ def _bulk_publisher(url: str, table: str, tag: str, count: int, out) -> None:
             queue.publish("noop", [tag, n])
     out.put((tag, batch.ids))
     queue.close()
+
+
+def test_a_bulk_belongs_to_its_thread_on_a_queue_that_threads_share(make_queue, installed):
+    """One module-level queue in a threaded web app: a request inside `queue.bulk()` buffers only
+    its own jobs. Another thread's publish meanwhile inserts at once and returns its id, and three
+    threads bulk-publishing at the same time each get exactly the ids of their own jobs."""
+    queue = make_queue(bulk_size=7)
+    inside, plain_done = threading.Event(), threading.Event()
+    plain = []
+
+    def publish_plainly():
+        inside.wait(10)
+        plain.append(queue.publish("noop", ["plain"]))
+        plain_done.set()
+
+    other = threading.Thread(target=publish_plainly)
+    other.start()
+    with queue.bulk() as batch:
+        queue.publish("noop", ["bulk", 0])
+        inside.set()
+        assert plain_done.wait(10)
+        queue.publish("noop", ["bulk", 1])
+    other.join()
+    assert isinstance(plain[0], int), plain
+    assert plain[0] not in batch.ids and len(batch.ids) == 2
+    params = _params_by_id(installed)
+    assert params[plain[0]] == ["plain"]
+    assert [params[i] for i in batch.ids] == [["bulk", 0], ["bulk", 1]]
+
+    together = threading.Barrier(3)
+    got = {}
+
+    def bulk_of(name):
+        together.wait(10)
+        with queue.bulk() as mine:
+            for n in range(50):
+                queue.publish("noop", [name, n])
+                if n % 10 == 0:
+                    together.wait(10)  # keep the three bulks open at the same time
+        got[name] = mine.ids
+
+    threads = [threading.Thread(target=bulk_of, args=(name,)) for name in "abc"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    params = _params_by_id(installed)
+    for name in "abc":
+        assert [params[i] for i in got[name]] == [[name, n] for n in range(50)]
+    assert len(params) == 3 + 150
 
 
 def test_two_concurrent_bulk_publishers_of_10000_jobs_get_their_own_ids(installed):
