@@ -151,8 +151,9 @@ def test_install_procs_unreachable_database(dialect_name):
 # --- real databases ---
 
 
-def test_install_procs_twice(dialect, db_url):
-    table = unique_name("bgqcli")
+@pytest.mark.parametrize("prefix", ["bgqcli", "BgqCli"])  # PostgreSQL folds the capitals, MySQL keeps them
+def test_install_procs_twice(dialect, db_url, prefix):
+    table = unique_name(prefix)
     try:
         first = bgq("--database-url", db_url, "--table", table, "install-procs")
         assert first.returncode == 0, first.stderr

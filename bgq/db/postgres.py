@@ -123,11 +123,13 @@ class PostgresDialect:
 
     def table_exists_sql(self) -> str:
         return (
-            "SELECT COUNT(*) FROM pg_catalog.pg_tables WHERE schemaname = current_schema() AND tablename = %s"
+            # The table is created by an unquoted name, which PostgreSQL folds to lower case.
+            "SELECT COUNT(*) FROM pg_catalog.pg_tables"
+            " WHERE schemaname = current_schema() AND tablename = lower(%s)"
         )
 
     def install_lock_sql(self) -> tuple[str, str]:
         """An advisory lock is per database: the pair of int4 keys is (a constant for "bgq
         install", the table's hash); a collision only makes two installs wait for each other."""
-        keys = "hashtext('bgq install'), hashtext(%s)"
+        keys = "hashtext('bgq install'), hashtext(lower(%s))"  # one table, whatever the case
         return f"SELECT pg_try_advisory_lock({keys})", f"SELECT pg_advisory_unlock({keys})"
