@@ -97,7 +97,10 @@ def encode(parameters: Any, *, allow_pickle: bool) -> tuple[str | None, bytes | 
             f"not {type(parameters).__name__}."
         )
     try:
-        text = _JSON.encode(_encode(parameters))
+        try:
+            text = _JSON.encode(_encode(parameters))
+        except RecursionError:
+            raise SerializationError("Parameters are nested too deeply to be stored as JSON.") from None
         _check_unicode(text)
         return text, None
     except SerializationError:

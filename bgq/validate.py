@@ -55,9 +55,11 @@ def new_job(
     if identifier is not None:
         _check_text("identifier", identifier)
     if coalesce_threshold is not None and (
-        isinstance(coalesce_threshold, bool) or not isinstance(coalesce_threshold, int)
+        isinstance(coalesce_threshold, bool)
+        or not isinstance(coalesce_threshold, int)
+        or not -(2**63) <= coalesce_threshold < 2**63  # the column is a BIGINT
     ):
-        raise PublishError('Parameter "coalesce_threshold" must be an integer.')
+        raise PublishError('Parameter "coalesce_threshold" must be a 64-bit integer.')
     postponed_by = None if postpone_by is None else _milliseconds(postpone_by)
     parameters_json, pickled = params_codec.encode(parameters, allow_pickle=cfg.allow_pickle)
     size = params_codec.encoded_size(parameters_json, pickled)

@@ -211,8 +211,22 @@ BAD_PUBLISHES = [
         ("noop",),
         {"serial_group": "g", "coalesce_threshold": "5"},
         PublishError,
-        'Parameter "coalesce_threshold" must be an integer.',
+        'Parameter "coalesce_threshold" must be a 64-bit integer.',
         id="coalesce_threshold_not_int",
+    ),
+    pytest.param(
+        ("noop",),
+        {"serial_group": "g", "coalesce_threshold": 2**63},
+        PublishError,
+        'Parameter "coalesce_threshold" must be a 64-bit integer.',
+        id="coalesce_threshold_above_bigint",
+    ),
+    pytest.param(
+        ("noop",),
+        {"serial_group": "g", "coalesce_threshold": -(2**63) - 1},
+        PublishError,
+        'Parameter "coalesce_threshold" must be a 64-bit integer.',
+        id="coalesce_threshold_below_bigint",
     ),
     pytest.param(
         ("noop",),
@@ -281,6 +295,13 @@ def test_checklist_04_coalesce_message_names_the_python_parameters(make_queue, i
     assert str(info.value) == 'Parameter "serial_group" has to be set if "coalesce_threshold" is used.'
 
 
+def _nested(depth):
+    value = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     "parameters",
     [
@@ -294,8 +315,21 @@ def test_checklist_04_coalesce_message_names_the_python_parameters(make_queue, i
         [{"__bgq__": "date", "v": "2024-01-01"}],
         "not a list",
         42,
+        [_nested(5000)],
     ],
-    ids=["object", "set", "bytes", "nan", "inf", "int_key", "nested_int_key", "reserved_key", "str", "int"],
+    ids=[
+        "object",
+        "set",
+        "bytes",
+        "nan",
+        "inf",
+        "int_key",
+        "nested_int_key",
+        "reserved_key",
+        "str",
+        "int",
+        "nested_5000_deep",
+    ],
 )
 def test_unserialisable_parameters_raise_and_write_nothing(make_queue, installed, parameters):
     queue = make_queue()
@@ -602,3 +636,29 @@ def test_publish_refuses_a_connection_to_another_kind_of_database(make_queue, in
     finally:
         engine.dispose()
     assert installed.sql("SELECT COUNT(*) AS n FROM {t}")[0]["n"] == 0
+
+
+def test_coalesce_thresholds_at_the_bigint_bounds_are_stored(make_queue, installed):
+    queue = make_queue()
+    bounds = (2**63 - 1, -(2**63))
+    ids = [queue.publish("noop", serial_group="g", coalesce_threshold=t) for t in bounds]
+    rows = installed.sql("SELECT id, coalesce_threshold FROM {t} ORDER BY id")
+    assert [(r["id"], r["coalesce_threshold"]) for r in rows] == list(zip(ids, bounds, strict=True))
+
+
+@pytest.mark.dialect_differs(
+    mysql="refused", postgres="stored", reason="MariaDB's JSON_VALID check refuses 32 levels of nesting"
+)
+def test_parameters_nested_40_levels_deep(make_queue, installed, dialect_expects):
+    """Refused as a SerializationError where the server's JSON cannot hold them, not a DatabaseError."""
+    queue = make_queue()
+    deep = [_nested(40)]
+    if dialect_expects == "refused":
+        with pytest.raises(SerializationError, match="31 levels"):
+            queue.publish("noop", deep)
+        assert count_rows(installed) == 0
+    else:
+        job_id = queue.publish("noop", deep)
+        (row,) = installed.sql("SELECT parameters_json FROM {t} WHERE id = %s", (job_id,))
+        stored = row["parameters_json"]
+        assert (json.loads(stored) if isinstance(stored, str) else stored) == deep

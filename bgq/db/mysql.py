@@ -19,6 +19,7 @@ from ..errors import (
     LockTimeoutError,
     PacketTooLargeError,
     SchemaVersionError,
+    SerializationError,
     SerializationFailureError,
     StatementCanceledError,
 )
@@ -27,6 +28,9 @@ from .dialect import InstalledRoutine, Proc
 # MYSQL_ERRNO values the procedures SIGNAL (db/mysql/*.sql headers).
 _BGQ_ERRORS: dict[int, type[BgqError]] = {31001: JobNotFoundError, 31002: DatabaseError, 31003: JobStateError}
 _NOT_INSTALLED = {1146, 1305}  # no such table; no such procedure or function
+# Parameters the server's JSON refuses: MariaDB's JSON column is a JSON_VALID check (4025,
+# ER_CONSTRAINT_FAILED, at 32 levels of nesting); MySQL 8's JSON type says 3157 (over 100 levels).
+_JSON_REFUSED = {4025, 3157}
 # The server's and the client's own error numbers, by what they mean for bgq.
 SERVER_ERRORS: dict[int, type[DatabaseError]] = {
     1205: LockTimeoutError,  # ER_LOCK_WAIT_TIMEOUT (innodb_lock_wait_timeout)
@@ -107,6 +111,11 @@ class MySQLDialect:
         if code in _BGQ_ERRORS:
             message = exc.args[1] if len(exc.args) > 1 else str(exc)
             return _BGQ_ERRORS[code](str(message))
+        if code in _JSON_REFUSED and (code == 3157 or "parameters_json" in str(exc)):
+            return SerializationError(
+                "The server refused the parameters as JSON (MariaDB nests JSON at most 31 levels "
+                f"deep, MySQL 8 at most 100): {exc.args[-1]}"
+            )
         if code in _NOT_INSTALLED:
             return SchemaVersionError(
                 f"bgq is not installed for this table ({exc.args[-1]}): run `bgq install-procs`."
