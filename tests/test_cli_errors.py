@@ -74,6 +74,23 @@ def test_demo_against_an_unreachable_database_prints_one_line(dialect_name):
 
 
 @pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("mysql://root@127.0.0.1:3306/test?conect_timeout=5", "pymysql.connect() got an unexpected keyword"),
+        (
+            "postgresql://postgres@127.0.0.1:5432/test?conect_timeout=5",
+            'invalid connection option "conect_timeout"',
+        ),
+    ],
+    ids=["mysql", "postgres"],
+)
+def test_a_url_option_the_driver_does_not_take_is_one_line(url, says):
+    """A misspelt option in the database URL: one line naming it, not a driver's traceback."""
+    line = assert_one_line(bgq("--database-url", url, "--table", unique_name("bgqopt"), "install-procs"))
+    assert says in line, line
+
+
+@pytest.mark.parametrize(
     ("command", "broker"),
     [(("work", "bad queue!"), False), (("work", "-c", "2", "12"), False), (("consume", "a/b"), True)],
     ids=["work", "work -c 2 digits", "consume"],

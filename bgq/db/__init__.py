@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from collections.abc import Iterator, Sequence
@@ -66,6 +67,17 @@ def normalise_url(raw: str) -> sa.URL:
     return url
 
 
+def _check_url_options(engine: sa.Engine) -> None:
+    """Refuse, before anything connects, a URL option the driver's connect() does not take (a
+    typo in `?conect_timeout=5` on MySQL would fail inside every connection attempt as a TypeError).
+    psycopg hands unknown options to libpq, which names them itself."""
+    cargs, cparams = engine.dialect.create_connect_args(engine.url)
+    try:
+        inspect.signature(engine.dialect.loaded_dbapi.connect).bind(*cargs, **cparams)
+    except TypeError as exc:
+        raise DatabaseError(f"Invalid database URL: {engine.dialect.driver}.connect() {exc}.") from None
+
+
 #: Default of the Queue option `lock_timeout`, in seconds.
 LOCK_TIMEOUT = 5
 #: The engine's pool: connections kept idle, and opened beyond them at most; the same bounds for
@@ -103,6 +115,7 @@ class Database:
             pool_size=POOL_SIZE,
             max_overflow=MAX_OVERFLOW,
         )
+        _check_url_options(self.engine)
         event.listen(self.engine, "handle_error", self._on_error)
         # The driver's own base exception: raw cursors (install-procs' DDL) raise it unwrapped.
         self.driver_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
