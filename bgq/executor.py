@@ -163,7 +163,8 @@ class Executor:
     def run(self, job_id: int, claim: ClaimResult) -> Outcome:
         """The callback, with the queue's hooks (bgq/runner.py): its outcome, never an exception.
         Counted for the worker registry and the metrics, and logged at INFO with the job's fields
-        (`extra`: job_id, callback, queue, group, attempt, outcome, duration_ms; bgq/logfmt.py)."""
+        (`extra`: job_id, callback, queue, group, attempt, outcome, duration_ms; bgq/logfmt.py); a
+        temporary failure at WARNING, with its error and when it is retried."""
         self.current_job_id = job_id
         started = time.monotonic()
         try:
@@ -182,7 +183,14 @@ class Executor:
             "outcome": outcome.state.name.lower(),
             "duration_ms": round(seconds * 1000, 3),
         }
-        self.log.info(f"bgq: Job ran: {fields['outcome']}. (ID: {job_id})", extra=fields)
+        if outcome.state is JobState.TEMPORARILY_FAILED:  # a retry is due: say why, at WARNING
+            fields["error"] = outcome.error
+            retry = f", retried in {outcome.postponed_by / 1000:g} s" if outcome.postponed_by else ""
+            self.log.warning(
+                f"bgq: Job ran: {fields['outcome']}{retry}: {outcome.error} (ID: {job_id})", extra=fields
+            )
+        else:
+            self.log.info(f"bgq: Job ran: {fields['outcome']}. (ID: {job_id})", extra=fields)
         if metrics.enabled():
             metrics.record_job(queue, callback, outcome.state, seconds, self._wait(job_id))
         return outcome

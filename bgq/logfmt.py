@@ -1,8 +1,9 @@
 """JSON log lines (`bgq --log-format json`, option log_format): one JSON object per record.
 
 Every record becomes {"ts", "level", "logger", "message"} plus, on the job-outcome lines the
-Executor writes after each run (INFO, "bgq: Job ran: <outcome>. (ID: n)"), the fields job_id,
-callback, queue, group, attempt, outcome and duration_ms; a record with an exception adds
+Executor writes after each run (INFO, "bgq: Job ran: <outcome>. (ID: n)"; WARNING for a temporary
+failure, with "error"), the fields job_id, callback, queue, group, attempt, outcome and duration_ms,
+then error; a record with an exception adds
 "exception" (its traceback as text). Any other `extra` field a record carries that JSON can hold
 is kept too.
 """
@@ -21,7 +22,7 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "taskName",
 }
 #: The fields of a job-outcome line, in this order.
-JOB_FIELDS = ("job_id", "callback", "queue", "group", "attempt", "outcome", "duration_ms")
+JOB_FIELDS = ("job_id", "callback", "queue", "group", "attempt", "outcome", "duration_ms", "error")
 
 
 class JsonFormatter(logging.Formatter):

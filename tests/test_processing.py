@@ -255,6 +255,26 @@ def test_checklist_33_notify_once_at_the_configured_attempt(make_queue, installe
     assert messages == [False, True, False]
 
 
+def test_a_temporary_failure_is_logged_at_warning_with_its_error_and_retry(make_queue, installed, caplog):
+    """The worker's log (WARNING, shown by default) says why a job failed and when it is retried;
+    a finished job stays at INFO."""
+
+    def fail():
+        raise RuntimeError("the gateway is down")
+
+    queue = make_queue(callbacks={"fail": fail, "noop": lambda: None})
+    bad, ok = queue.publish("fail"), queue.publish("noop")
+    with caplog.at_level(logging.INFO, logger="bgq"):
+        queue.process()
+    ran = {r.job_id: r for r in caplog.records if getattr(r, "outcome", None)}
+    assert ran[bad].levelno == logging.WARNING
+    assert ran[bad].getMessage() == (
+        f"bgq: Job ran: temporarily_failed, retried in 60 s: RuntimeError: the gateway is down (ID: {bad})"
+    )
+    assert ran[bad].error == "RuntimeError: the gateway is down"
+    assert ran[ok].levelno == logging.INFO and not hasattr(ran[ok], "error")
+
+
 def test_checklist_32_temporary_failure_rerun_by_process_after_backoff(make_queue, installed):
     calls = []
 
