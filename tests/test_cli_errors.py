@@ -74,6 +74,16 @@ def test_demo_against_an_unreachable_database_prints_one_line(dialect_name):
 
 
 @pytest.mark.parametrize(
+    "url",
+    ["mysql://root@127.0.0.1:3306/bgq_no_such_db", "postgresql://postgres@127.0.0.1:5432/bgq_no_such_db"],
+    ids=["mysql", "postgres"],
+)
+def test_a_database_that_does_not_exist_is_one_line_on_both_dialects(url):
+    line = assert_one_line(bgq("--database-url", url, "--table", unique_name("bgqnodb"), "install-procs"))
+    assert "Cannot reach the database" in line and "bgq_no_such_db" in line, line
+
+
+@pytest.mark.parametrize(
     ("url", "says"),
     [
         ("mysql://root@127.0.0.1:3306/test?conect_timeout=5", "pymysql.connect() got an unexpected keyword"),

@@ -45,6 +45,9 @@ SERVER_ERRORS: dict[int, type[DatabaseError]] = {
     2003: DatabaseUnavailableError,  # CR_CONN_HOST_ERROR: cannot connect
     2005: DatabaseUnavailableError,  # CR_UNKNOWN_HOST
     1040: DatabaseUnavailableError,  # ER_CON_COUNT_ERROR: too many connections
+    1044: DatabaseUnavailableError,  # ER_DBACCESS_DENIED_ERROR: the user may not use the database
+    1045: DatabaseUnavailableError,  # ER_ACCESS_DENIED_ERROR: wrong user or password
+    1049: DatabaseUnavailableError,  # ER_BAD_DB_ERROR: no such database (PostgreSQL: the same)
     2006: ConnectionLostError,  # CR_SERVER_GONE_ERROR
     2013: ConnectionLostError,  # CR_SERVER_LOST (during a query)
     2055: ConnectionLostError,  # CR_SERVER_LOST_EXTENDED
