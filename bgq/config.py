@@ -219,6 +219,11 @@ def build_config(**options: Any) -> Config:
     opts.setdefault("callbacks", {})  # optional: `@queue.task` registers callbacks too (bgq/tasks.py)
     opts["priorities"] = validate_priorities(opts.get("priorities", (1,)))
     opts["callbacks"] = _callbacks(opts["callbacks"], opts["priorities"])
+    if opts.get("producer") is not None and 0 in opts["priorities"]:
+        raise ConfigError(
+            "Priority 0 cannot be used with a producer: <queue>_0 is the broker's control queue "
+            "(die messages). Use priorities 1 to 999."
+        )
     if opts.get("database_url") is None:
         opts["database_url"] = os.environ.get("BGQ_DATABASE_URL") or None
     table = opts.get("table_name", "background_job")

@@ -52,6 +52,16 @@ def test_checklist_07_boundary_priorities_are_accepted():
     assert queue.config.priorities == (0, 999)
 
 
+def test_priority_0_with_a_producer_is_refused_and_1_to_999_are_taken():
+    """Broker mode's <queue>_0 is the control queue: every priority-0 send would fail."""
+    from bgq.broker.rabbitmq import RabbitMQ
+
+    producer = RabbitMQ("amqp://guest:guest@127.0.0.1:1/")  # never connects here
+    with pytest.raises(ConfigError, match="Priority 0 cannot be used with a producer"):
+        make(priorities=[0, 1], producer=producer)
+    assert make(priorities=[1, 999], producer=producer).config.priorities == (1, 999)
+
+
 @pytest.mark.parametrize("priorities", [[], (), None, "12", {1, 2}, 1])
 def test_empty_or_non_list_priorities(priorities):
     with pytest.raises(ConfigError, match="priorities"):
