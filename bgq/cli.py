@@ -355,7 +355,7 @@ def consume(
     queue = load_queue()
     assert queue is not None
     chosen = parse_priorities(priorities, queue.config.priorities)
-    queue.config.queue_name(sub_queue)  # a sub-queue no callback could have: said before connecting
+    queue.config.served_queue(sub_queue)  # a sub-queue no callback is in: said before connecting
     with GracefulStop() as stop:  # SIGTERM while the database is reached is a clean stop too
         _ = queue.procs  # reach the database and check the install before taking any message
         if metrics_port is not None:

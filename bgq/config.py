@@ -70,6 +70,18 @@ class Config:
     worker_dead_after: int = 30
     log_format: str = "text"
 
+    def served_queue(self, sub_queue: str | None) -> str:
+        """queue_name() for a worker (`bgq work`, `bgq consume`): also ConfigError for a sub-queue
+        no configured callback is in, whose jobs this process could only fail as unknown."""
+        name = self.queue_name(sub_queue)
+        if sub_queue is not None and all(spec.queue != sub_queue for spec in self.callbacks.values()):
+            subs = sorted({spec.queue for spec in self.callbacks.values() if spec.queue is not None})
+            raise ConfigError(
+                f"No callback of this queue is in the sub-queue {sub_queue!r} "
+                f"(its sub-queues: {', '.join(subs) or 'none'})."
+            )
+        return name
+
     def queue_name(self, sub_queue: str | None) -> str:
         """The job's queue: the base queue, or '<queue>_<sub_queue>' (ConfigError for a sub-queue
         a callback could not be declared with: other characters, or digits only)."""

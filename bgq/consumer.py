@@ -75,7 +75,7 @@ def consume(
     if batch_max < 1:
         raise ConfigError("consume needs a batch of at least 1 message.")
     consumer: Consumer = producer.consumer()
-    base = queue.config.queue_name(sub_queue)
+    base = queue.config.served_queue(sub_queue)
     registry = Registry(queue, WorkerMode.CONSUME, base)  # listed in {table}_worker (bgq/workers.py)
     registry.start()
     queue.reaper.start()  # stalled jobs are reaped without cron (bgq/reaper.py)

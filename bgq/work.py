@@ -95,7 +95,7 @@ def check(
     **_: object,
 ) -> None:
     """Raise ConfigError if `work(queue, ...)` with these options cannot run (nothing is claimed)."""
-    queue.config.queue_name(sub_queue)
+    queue.config.served_queue(sub_queue)
     if queue.config.producer is not None:
         raise ConfigError("bgq work runs on the database alone; this queue has a broker: use `bgq consume`.")
     if batch_max < 1 or poll <= 0:

@@ -115,6 +115,18 @@ def test_a_sub_queue_no_callback_could_have_is_refused_before_connecting(tmp_pat
     assert f"Invalid sub-queue {command[-1]!r}" in line, line
 
 
+@pytest.mark.parametrize(
+    ("command", "broker"), [(("work", "nosuchsub"), False), (("consume", "nosuchsub"), True)]
+)
+def test_a_sub_queue_no_callback_is_in_is_refused_before_connecting(tmp_path, command, broker):
+    """A typo in the sub-queue would wait for ever (or fail other apps' jobs as unknown)."""
+    module = unreachable_app(tmp_path, UNREACHABLE["mysql"], broker=broker)
+    env = {"BGQ_LOCKS_DIR": str(tmp_path / "locks")}
+    result = bgq("--app", f"{module}:queue", *command, pythonpath=tmp_path, env=env, timeout=90)
+    line = assert_one_line(result)
+    assert "No callback of this queue is in the sub-queue 'nosuchsub' (its sub-queues: none)" in line, line
+
+
 def test_reload_consumers_with_an_unreachable_broker_prints_one_line(tmp_path):
     module = unreachable_app(tmp_path, UNREACHABLE["mysql"], broker=True)
     env = {"BGQ_LOCKS_DIR": str(tmp_path / "locks")}
