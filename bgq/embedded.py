@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from .errors import DatabaseUnavailableError
@@ -19,7 +20,10 @@ def data_dir(configured: str | None = None) -> Path:
 def embedded_url(configured_dir: str | None = None) -> str:
     """Start (or reuse) the embedded PostgreSQL and return its SQLAlchemy URL."""
     try:
-        import pgserver
+        with warnings.catch_warnings():  # platformdirs' note, at pgserver's import, that a
+            # container has no XDG_RUNTIME_DIR: it falls back to a directory of its own, as it says.
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+            import pgserver
     except ImportError:
         raise DatabaseUnavailableError(
             "No database is configured (database_url or BGQ_DATABASE_URL) and the embedded PostgreSQL "
