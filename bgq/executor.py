@@ -185,9 +185,9 @@ class Executor:
         }
         if outcome.state is JobState.TEMPORARILY_FAILED:  # a retry is due: say why, at WARNING
             fields["error"] = outcome.error
-            retry = f", retried in {outcome.postponed_by / 1000:g} s" if outcome.postponed_by else ""
+            when = f", retried in {outcome.postponed_by / 1000:g} s" if outcome.postponed_by else ""
             self.log.warning(
-                f"bgq: Job ran: {fields['outcome']}{retry}: {outcome.error} (ID: {job_id})", extra=fields
+                f"bgq: Job ran: {fields['outcome']}{when}: {outcome.error} (ID: {job_id})", extra=fields
             )
         else:
             self.log.info(f"bgq: Job ran: {fields['outcome']}. (ID: {job_id})", extra=fields)
