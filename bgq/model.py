@@ -144,11 +144,15 @@ class GroupHead:
 
 @dataclass(frozen=True)
 class Reaped:
+    """A job the reaper took back from a dead or silent worker: TEMPORARILY_FAILED (to run
+    again), or REDUNDANT when its attempt had been cancelled."""
+
     id: int
     queue: str
     priority: int
     pid: int | None
     stalled_since: dt.datetime
+    state: JobState
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from .model import (
     GroupHead,
     JobRef,
     JobResult,
+    JobState,
     NewJob,
     Pause,
     Reaped,
@@ -453,7 +454,7 @@ class Procs:
     ) -> list[Reaped]:  # fmt: skip
         """Reap stalled jobs; each waits `backoff_ms` (None: the retry backoff by attempts)."""
         rows = self._call(conn, REAP, queue, timeout_s, limit, backoff_ms, now)
-        return [Reaped(**{**r, "stalled_since": _utc(r["stalled_since"])}) for r in rows]
+        return _reaped(rows)
 
     def broker_failed(
         self, conn: Connection, job_id: int, error: str, now: dt.datetime | None = None
@@ -803,7 +804,7 @@ class Procs:
     ) -> list[Reaped]:  # fmt: skip
         """Reap the PROCESSING jobs of workers silent for `dead_after_s`, then remove those workers."""
         rows = self._call(conn, WORKER_REAP, queue, dead_after_s, limit, backoff_ms, now)
-        return [Reaped(**{**r, "stalled_since": _utc(r["stalled_since"])}) for r in rows]
+        return _reaped(rows)
 
     def workers(self, conn: Connection, queue: str) -> list[WorkerRow]:
         """The registered workers of the queue and its sub-queues, in id order."""
@@ -962,6 +963,14 @@ def _insert_values(job: NewJob) -> tuple[Any, ...]:
 def _utc(value: dt.datetime) -> dt.datetime:
     """pymysql returns naive UTC datetimes, psycopg aware ones: make both aware UTC."""
     return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+def _reaped(rows: list[dict[str, Any]]) -> list[Reaped]:
+    """The rows of {table}_reap or {table}_worker_reap as Reaped, with aware times and states."""
+    return [
+        Reaped(**{**r, "stalled_since": _utc(r["stalled_since"]), "state": JobState(r["state"])})
+        for r in rows
+    ]
 
 
 def _utc_or_none(value: dt.datetime | None) -> dt.datetime | None:

@@ -2,14 +2,16 @@
 
 A PROCESSING job whose `updated_at` (claim or last heartbeat) is older than the queue's
 `stalled_job_timeout` belonged to a worker that died (or froze): `{table}_reap` turns it into
-TEMPORARILY_FAILED with a backoff, and in broker mode its id is sent again. The procedure skips
-rows another transaction holds (FOR UPDATE SKIP LOCKED), so a pass never waits; a skipped job is
-reaped by a later pass. Cron mode calls `run_once()` in each `process()` run; continuous workers
-`start()` a thread that calls it every REAP_INTERVAL seconds (jittered, so many workers do not
-reap in step), so stall recovery takes at most stalled_job_timeout + 1.5 * REAP_INTERVAL with any
-mix of workers, cron or none. Each pass also reaps the jobs of dead workers (bgq/workers.py:
-their {table}_worker row has not been heartbeated for worker_dead_after seconds), so a killed
-worker's job comes back within worker_dead_after + 1.5 * REAP_INTERVAL.
+TEMPORARILY_FAILED with a backoff, and in broker mode its id is sent again; a job whose
+attempt had been cancelled (`queue.cancel` of a running job) becomes REDUNDANT instead, and a
+WAITING job of its group is promoted. The procedure skips rows another transaction holds (FOR
+UPDATE SKIP LOCKED), so a pass never waits; a skipped job is reaped by a later pass. Cron mode
+calls `run_once()` in each `process()` run; continuous workers `start()` a thread that calls it
+every REAP_INTERVAL seconds (jittered, so many workers do not reap in step), so stall recovery
+takes at most stalled_job_timeout + 1.5 * REAP_INTERVAL with any mix of workers, cron or none.
+Each pass also reaps the jobs of dead workers (bgq/workers.py: their {table}_worker row has not
+been heartbeated for worker_dead_after seconds), so a killed worker's job comes back within
+worker_dead_after + 1.5 * REAP_INTERVAL.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 from . import metrics
 from .config import Config
 from .errors import BgqError
+from .model import JobState
 from .sender import Sender
 from .store import Store
 
@@ -67,9 +70,20 @@ class Reaper:
             with self.store.database.transaction() as conn:
                 jobs = reap(conn, cfg.queue, bound, self.limit, now, backoff_ms=backoff_ms)
             for job in jobs:
-                cfg.logger.critical(f"bgq: {message}. (ID: {job.id}, PID {job.pid})")
-                self.sender.send_job(job.id)
+                if job.state == JobState.REDUNDANT:
+                    note = "it had been cancelled, so it stays cancelled"
+                    cfg.logger.warning(f"bgq: {message}; {note}. (ID: {job.id}, PID {job.pid})")
+                else:
+                    cfg.logger.critical(f"bgq: {message}. (ID: {job.id}, PID {job.pid})")
+                    self.sender.send_job(job.id)
             reaped.extend(jobs)
+        if any(job.state == JobState.REDUNDANT for job in reaped):
+            # A cancelled job leaves its group without a hand-off (the procedures do not take the
+            # group row after the job rows): promote a WAITING successor (broker mode) now.
+            with self.store.database.transaction() as conn:
+                promoted = self.store.procs.promote_waiting(conn, now)
+            for job_ref in promoted:
+                self.sender.send_job(job_ref.id)
         metrics.record_reaped(cfg.queue, len(reaped))
         return reaped
 

@@ -332,6 +332,92 @@ def test_the_heartbeat_reports_an_abort_for_the_current_attempt_only(make_queue,
     assert (beat.alive, beat.abort_requested) == (True, False)
 
 
+def _claim(queue, job_id: int, worker_id: int | None = None) -> None:
+    with queue.database.transaction() as conn:
+        claim = queue.procs.claim(conn, job_id, queue.config.queue, 4242, 1000, None, worker_id=worker_id)
+    assert claim.outcome == "claimed"
+
+
+def test_a_cancelled_job_whose_worker_went_silent_is_reaped_as_cancelled_not_retried(
+    make_queue, installed, caplog
+):
+    """The abort could never reach the callback (its worker stopped heartbeating): the reaper
+    writes what the worker would have written, REDUNDANT, and the group goes on; a stalled job
+    that nobody cancelled in the same pass is retried as before."""
+    ran: list[str] = []
+    queue = make_queue(callbacks={"job": lambda name: ran.append(name)}, stalled_job_timeout=60)
+    cancelled = queue.publish("job", ["cancelled"], serial_group="rg")
+    behind = queue.publish("job", ["behind"], serial_group="rg")
+    stalled = queue.publish("job", ["stalled"])
+    _claim(queue, cancelled)
+    _claim(queue, stalled)
+    assert queue.cancel(cancelled, "operator stop").outcome == "abort_requested"
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
+    with caplog.at_level("WARNING", logger="bgq"):
+        reaped = queue.reaper.run_once(later)
+    assert [(r.id, r.state) for r in reaped] == [
+        (cancelled, JobState.REDUNDANT), (stalled, JobState.TEMPORARILY_FAILED),
+    ]  # fmt: skip
+    assert f"it had been cancelled, so it stays cancelled. (ID: {cancelled}, PID 4242)" in caplog.text
+    row = _row(installed, cancelled)
+    assert (row["state"], row["error_message"], row["postponed_by"], row["number_of_attempts"]) == (
+        JobState.REDUNDANT, "Cancelled: operator stop", None, 1,
+    )  # fmt: skip
+    assert row["finished_at"] is not None
+    retried = _row(installed, stalled)
+    assert retried["state"] == JobState.TEMPORARILY_FAILED and "stalled" in retried["error_message"]
+    queue.process()
+    assert ran == ["behind"] and state_of(installed, behind) == JobState.FINISHED
+
+
+def test_an_abort_requested_during_an_earlier_attempt_does_not_cancel_a_reaped_retry(make_queue, installed):
+    queue = make_queue(stalled_job_timeout=60)
+    job = queue.publish("noop")
+    _claim(queue, job)
+    assert queue.cancel(job, "stop").outcome == "abort_requested"
+    with queue.database.transaction() as conn:
+        queue.procs.finish(conn, job, 1, 7, "Cancelled: stop", None, 1, None)
+    queue.requeue(job, "run it after all")
+    time.sleep(0.01)  # the next claim's clock is after the abort request
+    _claim(queue, job)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
+    assert [(r.id, r.state) for r in queue.reaper.run_once(later)] == [(job, JobState.TEMPORARILY_FAILED)]
+
+
+def test_a_dead_workers_cancelled_job_is_reaped_as_cancelled(make_queue, installed):
+    from bgq.model import WorkerMode
+    from bgq.workers import Registry
+
+    queue = make_queue(worker_heartbeat_interval=60, worker_dead_after=180, stalled_job_timeout=3600)
+    job = queue.publish("noop")
+    with Registry(queue, WorkerMode.WORK, "general") as registry:
+        _claim(queue, job, worker_id=registry.id)
+        assert queue.cancel(job, "customer left").outcome == "abort_requested"
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)  # the worker's row is silent by then
+        (reaped,) = queue.reaper.run_once(later)
+    assert (reaped.id, reaped.state) == (job, JobState.REDUNDANT)
+    row = _row(installed, job)
+    assert (row["state"], row["error_message"]) == (JobState.REDUNDANT, "Cancelled: customer left")
+    assert row["finished_at"] is not None and row["postponed_by"] is None
+
+
+def test_broker_mode_a_reaped_cancelled_job_is_not_sent_and_its_waiting_successor_is(
+    broker_queue, rabbit, installed
+):
+    queue = broker_queue(stalled_job_timeout=60)
+    first = queue.publish("noop", serial_group="bw")
+    second = queue.publish("noop", serial_group="bw")
+    assert rabbit.bodies(f"{rabbit.base}_1") == [str(first), str(second)]  # taken by hand
+    _claim(queue, first)
+    with queue.database.transaction() as conn:
+        assert queue.procs.claim(conn, second, rabbit.base, 4242, 1000, None).outcome == "waiting"
+    assert queue.cancel(first, "not needed").outcome == "abort_requested"
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
+    assert [(r.id, r.state) for r in queue.reaper.run_once(later)] == [(first, JobState.REDUNDANT)]
+    assert state_of(installed, second) == JobState.READY
+    assert rabbit.bodies(f"{rabbit.base}_1") == [str(second)]  # the successor, not the cancelled job
+
+
 def test_broker_mode_a_paused_jobs_message_comes_back_delayed_and_runs_after_resume(
     broker_queue, rabbit, installed, unpause
 ):

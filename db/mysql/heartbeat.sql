@@ -45,9 +45,9 @@ BEGIN
     SELECT
         COUNT(*) AS alive,
         COALESCE(
-            MAX(CASE WHEN abort_requested_at >= last_attempt_at THEN 1 ELSE 0 END), 0
+            MAX(CASE WHEN {{ abort_requested() }} THEN 1 ELSE 0 END), 0
         ) AS abort_requested,
-        MAX(CASE WHEN abort_requested_at >= last_attempt_at THEN error_message END) AS reason
+        MAX(CASE WHEN {{ abort_requested() }} THEN error_message END) AS reason
     INTO v_alive, v_abort, v_reason
     FROM {{ table }}
     WHERE id = p_id AND state = 2 AND number_of_attempts = p_attempt

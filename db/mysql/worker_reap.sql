@@ -1,4 +1,4 @@
--- bgq {{ table }}_worker_reap, version 1 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_worker_reap, version 2 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_worker_reap(p_queue, p_dead_after_s, p_limit, p_backoff_ms, p_now)
@@ -7,15 +7,17 @@
 --   p_limit        at most this many jobs per call.
 --   p_backoff_ms   the postponed_by a reaped job gets (>= 0); NULL: backoff(number_of_attempts).
 --   p_now          the clock (DATETIME(6), UTC); NULL means UTC_TIMESTAMP(6).
--- Result: rows (id, queue, priority, pid, stalled_since) of the jobs reaped, in id order;
---   stalled_since is the dead worker's last heartbeat.
+-- Result: rows (id, queue, priority, pid, stalled_since, state) of the jobs reaped, in id order;
+--   stalled_since is the dead worker's last heartbeat, state the job's state now: 4 or 7.
 -- Each PROCESSING job whose worker_id names a dead worker becomes TEMPORARILY_FAILED, as
 --   {{ table }}_reap does it, with error_message 'Job was stalled in the processing state since
 --   <last heartbeat> (PID <pid>); its worker <worker id> stopped heartbeating.' and
 --   postponed_by = p_backoff_ms, or when NULL backoff(number_of_attempts); number_of_attempts is
 --   not changed and no callback runs. So a SIGKILLed worker's group moves on within
---   worker_dead_after seconds, not stalled_job_timeout. Then every dead worker of the queue that
---   no PROCESSING job names any more is deleted from {{ table }}_worker.
+--   worker_dead_after seconds, not stalled_job_timeout. A job whose current attempt was
+--   cancelled becomes REDUNDANT instead, as {{ table }}_reap does it (the caller then runs
+--   {{ table }}_promote_waiting). Then every dead worker of the queue that no PROCESSING job
+--   names any more is deleted from {{ table }}_worker.
 -- Reads: the PROCESSING jobs by the {{ table }}_state index (state, id) (few rows), the dead
 --   workers by {{ table }}_worker_heartbeat.
 -- Locks: each candidate job row and its worker row, FOR UPDATE SKIP LOCKED (MariaDB has no
@@ -46,6 +48,7 @@ BEGIN
     DECLARE v_attempts INT;
     DECLARE v_worker BIGINT UNSIGNED;
     DECLARE v_beat DATETIME(6);
+    DECLARE v_cancelled INT;
     DECLARE v_busy INT DEFAULT 0;
     DECLARE v_ids JSON DEFAULT JSON_ARRAY();
     DECLARE c_jobs CURSOR FOR
@@ -53,7 +56,8 @@ BEGIN
             j.id,
             j.number_of_attempts,
             j.worker_id,
-            w.last_heartbeat_at
+            w.last_heartbeat_at,
+            COALESCE({{ abort_requested('j') }}, 0) AS cancelled
         FROM {{ table }} AS j
         INNER JOIN {{ table }}_worker AS w ON w.id = j.worker_id
         WHERE
@@ -75,21 +79,22 @@ BEGIN
 
     OPEN c_jobs;
     jobs_loop: LOOP
-        FETCH c_jobs INTO v_id, v_attempts, v_worker, v_beat;
+        FETCH c_jobs INTO v_id, v_attempts, v_worker, v_beat, v_cancelled;
         IF v_done = 1 THEN
             LEAVE jobs_loop;
         END IF;
         UPDATE {{ table }}
         SET
-            state = 4,
-            error_message = CONCAT(
+            state = CASE WHEN v_cancelled = 1 THEN 7 ELSE 4 END,
+            error_message = CASE WHEN v_cancelled = 1 THEN error_message ELSE CONCAT(
                 'Job was stalled in the processing state since ',
                 DATE_FORMAT(v_beat, '%Y-%m-%d %H:%i:%s.%f'),
                 ' (PID ', COALESCE(pid, 0), '); its worker ', v_worker, ' stopped heartbeating.'
-            ),
-            postponed_by = COALESCE(
+            ) END,
+            postponed_by = CASE WHEN v_cancelled = 1 THEN NULL ELSE COALESCE(
                 p_backoff_ms, CAST(LEAST(16, POW(2, LEAST(number_of_attempts, 5) - 1)) * 60000 AS SIGNED)
-            ),
+            ) END,
+            finished_at = CASE WHEN v_cancelled = 1 THEN v_now ELSE finished_at END,
             updated_at = v_now
         WHERE id = v_id AND state = 2 AND number_of_attempts = v_attempts AND worker_id = v_worker;
         IF ROW_COUNT() > 0 THEN
@@ -120,7 +125,8 @@ BEGIN
         j.queue,
         j.priority,
         j.pid,
-        r.stalled_since
+        r.stalled_since,
+        j.state
     FROM
         JSON_TABLE(
             v_ids, '$[*]' COLUMNS (

@@ -54,8 +54,8 @@ BEGIN
     SET updated_at = v_now, metadata = COALESCE(p_metadata::JSON, j.metadata)
     WHERE j.id = p_id AND j.state = 2 AND j.number_of_attempts = p_attempt
     RETURNING
-        CASE WHEN j.abort_requested_at >= j.last_attempt_at THEN 1 ELSE 0 END,
-        CASE WHEN j.abort_requested_at >= j.last_attempt_at THEN j.error_message END
+        CASE WHEN {{ abort_requested('j') }} THEN 1 ELSE 0 END,
+        CASE WHEN {{ abort_requested('j') }} THEN j.error_message END
     INTO v_abort, v_reason;
     GET DIAGNOSTICS v_alive = ROW_COUNT;
 

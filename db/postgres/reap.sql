@@ -1,4 +1,4 @@
--- bgq {{ table }}_reap, version 3 (PostgreSQL 15)
+-- bgq {{ table }}_reap, version 4 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_reap(p_queue, p_timeout_s, p_limit, p_backoff_ms, p_now)
@@ -7,7 +7,8 @@
 --   p_limit      at most this many jobs per call.
 --   p_backoff_ms the postponed_by a reaped job gets (>= 0); NULL: backoff(number_of_attempts).
 --   p_now        the clock (TIMESTAMPTZ); NULL means clock_timestamp().
--- Result: rows (id, queue, priority, pid, stalled_since) of the jobs reaped, in id order.
+-- Result: rows (id, queue, priority, pid, stalled_since, state) of the jobs reaped, in id order;
+--   state is the job's state now: 4 (retried) or 7 (cancelled, below).
 -- Each stalled job becomes TEMPORARILY_FAILED with error_message 'Job was stalled in the
 --   processing state since <updated_at> (PID <pid>); the consumer died without writing a
 --   result.' (<updated_at> in UTC, YYYY-MM-DD HH:MM:SS.ffffff, as on MySQL) and
@@ -15,6 +16,12 @@
 --   minutes in ms;
 --   number_of_attempts is not changed and no callback runs. Liveness is judged by updated_at
 --   (claim and heartbeats), never by pid.
+-- A stalled job whose current attempt {{ table }}_cancel asked to stop (abort_requested_at >=
+--   last_attempt_at) is not retried: it becomes REDUNDANT (finished_at = p_now, postponed_by
+--   NULL), keeping its error_message 'Cancelled: <reason>', as its worker would have written it.
+--   Its group is not woken here (see Locks): the caller runs {{ table }}_promote_waiting after
+--   the commit, so a WAITING successor (broker mode) is promoted; in the other modes the next
+--   job of the group is claimable at once.
 -- Locks: each stalled candidate row, FOR UPDATE SKIP LOCKED: a row another transaction holds
 --   (a frozen worker's heartbeat or finish left open) is skipped, never waited for, and is reaped
 --   by a later call once the lock is gone; so the reaper never waits for a lock. Its group is
@@ -40,7 +47,8 @@ RETURNS TABLE (
     queue VARCHAR,
     priority INTEGER,
     pid INTEGER,
-    stalled_since TIMESTAMPTZ
+    stalled_since TIMESTAMPTZ,
+    state SMALLINT
 )
 LANGUAGE plpgsql
 VOLATILE
@@ -53,7 +61,7 @@ DECLARE
     v_since TIMESTAMPTZ[] := '{}';
 BEGIN
     FOR v_stalled IN
-        SELECT j.id, j.updated_at
+        SELECT j.id, j.updated_at, COALESCE({{ abort_requested('j') }}, FALSE) AS cancelled
         FROM {{ table }} AS j
         WHERE j.state = 2
           AND j.updated_at < v_now - p_timeout_s * INTERVAL '1 second'
@@ -65,14 +73,17 @@ BEGIN
         -- Every expression of SET reads the row as it was before the UPDATE.
         -- The backoff exponent is capped at 5 (2^4 = 16 already): same values, no overflow.
         UPDATE {{ table }} AS j
-        SET state = 4,
-            error_message = 'Job was stalled in the processing state since '
-            || TO_CHAR(j.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')
-            || ' (PID ' || COALESCE(j.pid, 0)
-            || '); the consumer died without writing a result.',
-            postponed_by = COALESCE(
+        SET state = CASE WHEN v_stalled.cancelled THEN 7 ELSE 4 END,
+            error_message = CASE WHEN v_stalled.cancelled THEN j.error_message ELSE
+                'Job was stalled in the processing state since '
+                || TO_CHAR(j.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')
+                || ' (PID ' || COALESCE(j.pid, 0)
+                || '); the consumer died without writing a result.'
+            END,
+            postponed_by = CASE WHEN v_stalled.cancelled THEN NULL ELSE COALESCE(
                 p_backoff_ms, (LEAST(16, POWER(2, LEAST(j.number_of_attempts, 5) - 1)) * 60000)::INTEGER
-            ),
+            ) END,
+            finished_at = CASE WHEN v_stalled.cancelled THEN v_now ELSE j.finished_at END,
             updated_at = v_now
         WHERE j.id = v_stalled.id AND j.state = 2 AND j.updated_at = v_stalled.updated_at;
         IF FOUND THEN
@@ -82,7 +93,7 @@ BEGIN
     END LOOP;
 
     RETURN QUERY
-    SELECT j.id, j.queue, j.priority, j.pid, r.stalled_since
+    SELECT j.id, j.queue, j.priority, j.pid, r.stalled_since, j.state
     FROM UNNEST(v_ids, v_since) AS r (reaped_id, stalled_since)
     INNER JOIN {{ table }} AS j ON j.id = r.reaped_id
     ORDER BY j.id;

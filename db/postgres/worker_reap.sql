@@ -1,4 +1,4 @@
--- bgq {{ table }}_worker_reap, version 1 (PostgreSQL 15)
+-- bgq {{ table }}_worker_reap, version 2 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_worker_reap(p_queue, p_dead_after_s, p_limit, p_backoff_ms, p_now)
@@ -7,15 +7,17 @@
 --   p_limit        at most this many jobs per call.
 --   p_backoff_ms   the postponed_by a reaped job gets (>= 0); NULL: backoff(number_of_attempts).
 --   p_now          the clock (TIMESTAMPTZ); NULL means clock_timestamp().
--- Result: rows (id, queue, priority, pid, stalled_since) of the jobs reaped, in id order;
---   stalled_since is the dead worker's last heartbeat.
+-- Result: rows (id, queue, priority, pid, stalled_since, state) of the jobs reaped, in id order;
+--   stalled_since is the dead worker's last heartbeat, state the job's state now: 4 or 7.
 -- Each PROCESSING job whose worker_id names a dead worker becomes TEMPORARILY_FAILED, as
 --   {{ table }}_reap does it, with error_message 'Job was stalled in the processing state since
 --   <last heartbeat> (PID <pid>); its worker <worker id> stopped heartbeating.' and
 --   postponed_by = p_backoff_ms, or when NULL backoff(number_of_attempts); number_of_attempts is
 --   not changed and no callback runs. So a SIGKILLed worker's group moves on within
---   worker_dead_after seconds, not stalled_job_timeout. Then every dead worker of the queue that
---   no PROCESSING job names any more is deleted from {{ table }}_worker.
+--   worker_dead_after seconds, not stalled_job_timeout. A job whose current attempt was
+--   cancelled becomes REDUNDANT instead, as {{ table }}_reap does it (the caller then runs
+--   {{ table }}_promote_waiting). Then every dead worker of the queue that no PROCESSING job
+--   names any more is deleted from {{ table }}_worker.
 -- Reads: the PROCESSING jobs by the {{ table }}_state index (state, id) (few rows), the dead
 --   workers by {{ table }}_worker_heartbeat.
 -- Locks: each candidate job row, FOR UPDATE OF the job SKIP LOCKED (the worker rows are read,
@@ -42,7 +44,8 @@ RETURNS TABLE (
     queue VARCHAR,
     priority INTEGER,
     pid INTEGER,
-    stalled_since TIMESTAMPTZ
+    stalled_since TIMESTAMPTZ,
+    state SMALLINT
 )
 LANGUAGE plpgsql
 VOLATILE
@@ -56,7 +59,9 @@ DECLARE
     v_since TIMESTAMPTZ[] := '{}';
 BEGIN
     FOR v_job IN
-        SELECT j.id, j.number_of_attempts, j.worker_id, w.last_heartbeat_at
+        SELECT
+            j.id, j.number_of_attempts, j.worker_id, w.last_heartbeat_at,
+            COALESCE({{ abort_requested('j') }}, FALSE) AS cancelled
         FROM {{ table }} AS j
         INNER JOIN {{ table }}_worker AS w ON w.id = j.worker_id
         WHERE j.state = 2
@@ -67,14 +72,17 @@ BEGIN
         FOR UPDATE OF j SKIP LOCKED
     LOOP
         UPDATE {{ table }} AS j
-        SET state = 4,
-            error_message = 'Job was stalled in the processing state since '
-            || TO_CHAR(v_job.last_heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')
-            || ' (PID ' || COALESCE(j.pid, 0)
-            || '); its worker ' || v_job.worker_id || ' stopped heartbeating.',
-            postponed_by = COALESCE(
+        SET state = CASE WHEN v_job.cancelled THEN 7 ELSE 4 END,
+            error_message = CASE WHEN v_job.cancelled THEN j.error_message ELSE
+                'Job was stalled in the processing state since '
+                || TO_CHAR(v_job.last_heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')
+                || ' (PID ' || COALESCE(j.pid, 0)
+                || '); its worker ' || v_job.worker_id || ' stopped heartbeating.'
+            END,
+            postponed_by = CASE WHEN v_job.cancelled THEN NULL ELSE COALESCE(
                 p_backoff_ms, (LEAST(16, POWER(2, LEAST(j.number_of_attempts, 5) - 1)) * 60000)::INTEGER
-            ),
+            ) END,
+            finished_at = CASE WHEN v_job.cancelled THEN v_now ELSE j.finished_at END,
             updated_at = v_now
         WHERE j.id = v_job.id
           AND j.state = 2
@@ -100,7 +108,7 @@ BEGIN
     AND w.last_heartbeat_at < v_cutoff;
 
     RETURN QUERY
-    SELECT j.id, j.queue, j.priority, j.pid, r.stalled_since
+    SELECT j.id, j.queue, j.priority, j.pid, r.stalled_since, j.state
     FROM UNNEST(v_ids, v_since) AS r (reaped_id, stalled_since)
     INNER JOIN {{ table }} AS j ON j.id = r.reaped_id
     ORDER BY j.id;

@@ -2,9 +2,9 @@
 
 A routine that wrote a rule out by hand (the unstarted states, the queue filter, the
 postponement, the pause check, the claim's write, "no job of the group is PROCESSING", the
-group's head) could drift from the others; these are the rules' own spellings, which only the
-macros may contain. The schema's index predicates repeat the states on purpose (the planner
-matches them word for word) and are not routines.
+group's head, "the current attempt was cancelled") could drift from the others; these are the
+rules' own spellings, which only the macros may contain. The schema's index predicates repeat
+the states on purpose (the planner matches them word for word) and are not routines.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ RULES = {
     "postponement_over": re.compile(re.escape("CEIL(COALESCE(")),
     "not_paused": re.compile(re.escape("pz.kind = 'group'")),
     "claim_write": re.compile(re.escape("number_of_attempts + 1")),
+    "abort_requested": re.compile(r"abort_requested_at >= "),
     "no_job_running": re.compile(
         r"NOT EXISTS \(\s*SELECT 1 FROM \{\{ table \}\}(?: AS (\w+))?\s+WHERE (?:\w+\.)?"
         r"(?:running_group = [\w.\[\]]+\s*\)|serial_group = [\w.\[\]]+ AND (?:\w+\.)?state = 2\s*\))"
@@ -35,13 +36,14 @@ RULES = {
 
 
 def spelled_out(folder: Path) -> list[tuple[str, str]]:
-    """(file, rule) for each routine file of `folder` that spells a shared rule out."""
+    """(file, rule) for each routine file of `folder` that spells a shared rule out in its code
+    (a header's contract may name the rule in words)."""
     return [
         (path.name, rule)
         for path in sorted(folder.glob("*.sql"))
         if path.name != "schema.sql"
         for rule, pattern in RULES.items()
-        if pattern.search(path.read_text())
+        if pattern.search(re.sub(r"--[^\n]*", "", path.read_text()))
     ]
 
 
@@ -55,14 +57,15 @@ def test_the_rules_file_itself_holds_each_rule(dialect):
     """The patterns above find what they look for: each rule's macro in rules.sql matches its own."""
     rules = (sql_dir(dialect) / "macros" / "rules.sql").read_text()
     names = set(re.findall(r"\{% macro (\w+)\(", rules))
-    literal = {"unstarted", "in_queue", "postponement_over", "not_paused", "claim_write"}
+    literal = {"unstarted", "in_queue", "postponement_over", "not_paused", "claim_write", "abort_requested"}
     assert literal <= names
     for rule in literal:
         assert RULES[rule].search(rules), rule
 
 
 def test_a_routine_that_spells_a_rule_out_is_found(tmp_path):
-    """The check fails where it should: a hand-written head dive and "no PROCESSING job" probe."""
+    """The check fails where it should: a hand-written head dive, "no PROCESSING job" probe and
+    abort test; a header that names a rule in words is not code."""
     (tmp_path / "claim_something.sql").write_text(
         "SELECT 1 WHERE s.id = (\n"
         "    SELECT x.id FROM {{ table }} AS x\n"
@@ -72,11 +75,15 @@ def test_a_routine_that_spells_a_rule_out_is_found(tmp_path):
         ") AND NOT EXISTS (\n"
         "    SELECT 1 FROM {{ table }} AS r\n"
         "    WHERE r.serial_group = s.serial_group AND r.state = 2\n"
-        ");\n"
+        ") AND s.abort_requested_at >= s.last_attempt_at;\n"
+    )
+    (tmp_path / "contract_only.sql").write_text(
+        "-- Cancelled: abort_requested_at >= last_attempt_at.\nSELECT 1;\n"
     )
     (tmp_path / "schema.sql").write_text("CREATE INDEX i ON t (g) WHERE state IN (-1, 1, 4, 6, 8);\n")
     assert spelled_out(tmp_path) == [
         ("claim_something.sql", "unstarted"),
+        ("claim_something.sql", "abort_requested"),
         ("claim_something.sql", "no_job_running"),
         ("claim_something.sql", "group_head_id"),
     ]

@@ -73,3 +73,10 @@ NOT EXISTS (
 {% macro no_job_running(group, r='r') -%}
 NOT EXISTS (SELECT 1 FROM {{ table }} AS {{ r }} WHERE {{ r }}.running_group = {{ group }})
 {%- endmacro %}
+
+{#- {{ table }}_cancel asked the job's current attempt to stop: the request came at or after the
+    attempt's claim (a request of an earlier attempt does not count). -#}
+{% macro abort_requested(j='') -%}
+{%- set c = j ~ '.' if j else '' -%}
+{{ c }}abort_requested_at >= {{ c }}last_attempt_at
+{%- endmacro %}

@@ -92,3 +92,10 @@ AND {{ in_queue(h) }}
 AND {{ due(h) }}
 AND {{ no_job_running(group, 'x') }}
 {%- endmacro %}
+
+{#- {{ table }}_cancel asked the job's current attempt to stop: the request came at or after the
+    attempt's claim (a request of an earlier attempt does not count). -#}
+{% macro abort_requested(j='') -%}
+{%- set c = j ~ '.' if j else '' -%}
+{{ c }}abort_requested_at >= {{ c }}last_attempt_at
+{%- endmacro %}
