@@ -159,3 +159,45 @@ def test_a_sigkilled_bgq_work_s_job_is_reaped_within_the_worker_bound(installed,
     code, _ = runner.terminate(procs[survivor], timeout=15)
     assert code == 0
     assert f"bgq: Dead worker's job reaped. (ID: {slow}, PID {victim})" in runner.output(procs[survivor])
+
+
+@pytest.mark.slow
+def test_a_cancelled_job_whose_bgq_work_was_sigkilled_stays_cancelled_and_its_group_goes_on(
+    installed,
+    cli,  # noqa: F811
+    make_queue,
+):
+    """A running job's cancel reaches it at its next heartbeat; the slow job sends none, and its
+    `bgq work` is SIGKILLed first. The other worker's reaper records the job REDUNDANT with the
+    cancel's reason instead of retrying it, and the rest of the group runs; the cancelled job
+    started once (the ledger, written by the callbacks, is the judge)."""
+    runner = cli(stalled=3600)
+    runner.env.update(BGQ_TEST_WORK_BEAT=str(BEAT), BGQ_TEST_WORK_DEAD_AFTER=str(DEAD))
+    queue = make_queue(callbacks={"slow_once": print, "ledger": print}, priorities=[1, 2, 3])
+    slow = queue.publish("slow_once", ["slow", "g0"], serial_group="g0", priority=1)
+    rest = [queue.publish("ledger", [f"k{n}", "g0"], serial_group="g0", priority=2) for n in range(3)]
+    procs = {p.pid: p for p in (runner.start("work"), runner.start("work"))}
+    start = wait_until(
+        lambda: next((e for e in runner.events() if e["token"] == "slow"), None), 30, "the slow job to start"
+    )
+    victim = start["pid"]
+    assert queue.cancel(slow, "operator stop").outcome == "abort_requested"
+    os.kill(victim, signal.SIGKILL)
+    procs[victim].wait(10)
+    (survivor,) = set(procs) - {victim}
+
+    wait_until(
+        lambda: all(state_of(installed, j) == JobState.FINISHED for j in rest),
+        DEAD + REAP_SLACK + 30,
+        "the group",
+    )
+    (row,) = installed.sql("SELECT state, error_message, finished_at FROM {t} WHERE id = %s", (slow,))
+    assert (row["state"], row["error_message"]) == (JobState.REDUNDANT, "Cancelled: operator stop")
+    assert row["finished_at"] is not None
+    starts = [e["token"] for e in runner.events() if e["event"] == "start"]
+    assert sorted(starts) == ["k0", "k1", "k2", "slow"], starts  # the cancelled job did not run again
+    code, _ = runner.terminate(procs[survivor], timeout=15)
+    assert code == 0
+    assert f"it had been cancelled, so it stays cancelled. (ID: {slow}, PID {victim})" in runner.output(
+        procs[survivor]
+    )
