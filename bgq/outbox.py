@@ -3,7 +3,9 @@
 A job inserted on the application's SQLAlchemy Session or Connection must not reach the broker
 before the row is committed (a consumer would find no row), and must never reach it if the
 transaction rolls back. The outbox keeps the ids per Session/Connection, sends them after the
-outermost commit, drops them on rollback, and drops the ids of a rolled-back savepoint only.
+outermost commit, drops them on rollback, and drops the ids of a rolled-back savepoint only. A
+Session that joined a transaction of the application's Connection hands its ids to that
+Connection's outbox when it commits: the Connection's commit is the outermost one.
 """
 
 from __future__ import annotations
@@ -94,7 +96,25 @@ def _outbox(target: Session | Connection, send: Send) -> _Outbox:
     box = _Outbox(target, send)
     _boxes[target] = box
     if is_session(target):
-        event.listen(target, "after_commit", lambda session: box.flush())
+
+        def after_commit(session: Session) -> None:
+            # SQLAlchemy fires after_commit for a released savepoint (begin_nested) too: then the
+            # committing transaction is still the session's nested one, and its ids wait.
+            if session.get_nested_transaction() is not None:
+                return
+            bind = session.bind
+            if isinstance(bind, Connection) and bind.in_transaction():
+                # The Session joined a transaction of a Connection the application owns
+                # (join_transaction_mode): its commit only ended its part. The ids wait for that
+                # Connection's own commit, and go with its rollback.
+                items, box.items = box.items, []
+                outer = _outbox(bind, box.send)
+                scope = outer.current_scope()
+                outer.items.extend(Pending(i.job_id, i.queue, i.priority, i.delay_ms, scope) for i in items)
+                return
+            box.flush()
+
+        event.listen(target, "after_commit", after_commit)
 
         # after_soft_rollback fires for every rollback, a savepoint's included (after_rollback
         # would fire for a savepoint too and cannot tell which transaction ended).

@@ -165,6 +165,55 @@ def test_checklist_12_13_session_publishes_after_commit_and_rollback_publishes_n
         engine.dispose()
 
 
+def test_a_released_savepoint_of_a_session_sends_nothing_before_the_outermost_commit(
+    broker_queue, rabbit, installed
+):
+    """SQLAlchemy fires a Session's after_commit when a savepoint is released too: the ids wait
+    for the outermost commit, and a rollback after the release sends nothing."""
+    queue = broker_queue()
+    engine = create_engine(installed.url)
+    try:
+        with Session(engine) as session:
+            with session.begin_nested():
+                kept = queue.publish("noop", connection=session)
+            assert rabbit.bodies(f"{rabbit.base}_1") == []  # released, not committed
+            session.commit()
+        assert rabbit.bodies(f"{rabbit.base}_1") == [str(kept)]
+        with Session(engine) as session:
+            with session.begin_nested():
+                dropped = queue.publish("noop", connection=session)
+            session.rollback()
+        assert rabbit.bodies(f"{rabbit.base}_1") == []
+        assert state_of(installed, dropped) is None
+    finally:
+        engine.dispose()
+
+
+def test_a_session_joined_to_an_application_transaction_sends_at_that_transactions_commit(
+    broker_queue, rabbit, installed
+):
+    """A Session that joins a Connection's transaction (join_transaction_mode) commits only its
+    savepoint: the ids go with the Connection's commit, or nowhere on its rollback."""
+    queue = broker_queue()
+    engine = create_engine(installed.url)
+    try:
+        for outcome in ("rollback", "commit"):
+            with engine.connect() as conn:
+                conn.begin()
+                with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+                    job = queue.publish("noop", connection=session)
+                    session.commit()
+                assert rabbit.bodies(f"{rabbit.base}_1") == []  # the application's transaction is open
+                getattr(conn, outcome)()
+            sent = rabbit.bodies(f"{rabbit.base}_1")
+            if outcome == "rollback":
+                assert sent == [] and state_of(installed, job) is None
+            else:
+                assert sent == [str(job)] and state_of(installed, job) == JobState.READY
+    finally:
+        engine.dispose()
+
+
 def test_checklist_12_13_connection_publishes_after_commit(broker_queue, rabbit, installed):
     queue = broker_queue()
     engine = create_engine(installed.url)
