@@ -30,7 +30,7 @@ from bgq import (
 from bgq.errors import ConfigError
 from bgq.work import work
 from tests.support import ledger_worker, work_app
-from tests.support.helpers import fail_first_follow_up, json_column, unique_name
+from tests.support.helpers import fail_first_follow_up, json_column, state_of, unique_name
 from tests.support.work_app import Cli, wait_until
 
 MINUTE = 60_000
@@ -536,6 +536,72 @@ def test_held_jobs_are_given_back_while_a_slow_job_runs(make_queue, installed, w
     )
     odd = {i: r["number_of_attempts"] for i, r in _rows(installed).items() if r["number_of_attempts"] != 1}
     assert not odd, odd
+
+
+def test_a_held_job_cancelled_before_it_starts_is_recorded_cancelled_when_given_back(
+    make_queue, installed, workers
+):
+    """A job `bgq work` claimed ahead and holds counts as running, so its cancel is an abort
+    request. When the worker gives it back unstarted (held past half of stalled_job_timeout
+    behind a slow job), it is written REDUNDANT with the cancel's reason, not handed out again:
+    it never runs, and the jobs after it do."""
+    ran: list[str] = []
+    cancelled: list[int] = []
+
+    def rec(token: str) -> None:
+        if not cancelled and len(ran) >= 10:
+            held = _held(installed, ids, [*ran, token])
+            if len(held) >= 3:
+                for job in held:
+                    assert queue.cancel(job, "not wanted").outcome == "abort_requested"
+                    cancelled.append(job)
+                time.sleep(2.5)  # past the 1 s hold: the held jobs are given back meanwhile
+        ran.append(token)
+
+    queue = make_queue(callbacks={"rec": rec}, stalled_job_timeout=2, heartbeat_interval=0)
+    ids = {f"t{n}": queue.publish("rec", [f"t{n}"]) for n in range(60)}
+    workers(queue, name="A")
+    wait_until(
+        lambda: all(state_of(installed, i) in (JobState.FINISHED, JobState.REDUNDANT) for i in ids.values()),
+        20,
+        "every job to finish or stay cancelled",
+    )
+    assert cancelled, "the worker never held 3 jobs behind a running one"
+    by_token = {i: t for t, i in ids.items()}
+    assert sorted(ran) == sorted(t for t, i in ids.items() if i not in cancelled)  # each once, none cancelled
+    for job in cancelled:
+        row = installed.sql("SELECT state, error_message, finished_at FROM {t} WHERE id = %s", (job,))[0]
+        assert (row["state"], row["error_message"]) == (JobState.REDUNDANT, "Cancelled: not wanted"), (
+            by_token[job]
+        )
+        assert row["finished_at"] is not None
+
+
+def test_the_give_back_of_a_cancelled_claim_wakes_its_group(make_queue, installed):
+    """At the procedure: a give-back (state 1) of a claim whose attempt was cancelled is written
+    REDUNDANT and the group's next job may run; a plain give-back still returns the job to READY."""
+    ran: list[str] = []
+    queue = make_queue(callbacks={"rec": lambda token: ran.append(token)})
+    first = queue.publish("rec", ["first"], serial_group="gb")
+    queue.publish("rec", ["second"], serial_group="gb")
+    plain = queue.publish("rec", ["plain"])
+    for job in (first, plain):
+        with queue.database.transaction() as conn:
+            assert queue.procs.claim(conn, job, "general", 4242, 1000, None).outcome == "claimed"
+    assert queue.cancel(first, "stop").outcome == "abort_requested"
+    with queue.database.transaction() as conn:
+        queue.procs.finish(conn, first, 1, JobState.READY, None, None, None, None)
+        queue.procs.finish(conn, plain, 1, JobState.READY, None, None, None, None)
+    row = installed.sql("SELECT * FROM {t} WHERE id = %s", (first,))[0]
+    assert (row["state"], row["error_message"], row["number_of_attempts"]) == (
+        JobState.REDUNDANT,
+        "Cancelled: stop",
+        1,
+    )
+    assert row["finished_at"] is not None
+    _assert_given_back(installed.sql("SELECT * FROM {t} WHERE id = %s", (plain,))[0])
+    queue.process()
+    assert sorted(ran) == ["plain", "second"]
 
 
 # --- configuration and options ---

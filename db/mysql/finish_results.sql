@@ -1,4 +1,4 @@
--- bgq {{ table }}_finish_results, version 3 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_finish_results, version 4 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_finish_results(p_results, p_now, @written)
@@ -11,7 +11,9 @@
 --              state: 3 FINISHED, 4 TEMPORARILY_FAILED, 5 PERMANENTLY_FAILED, 7 REDUNDANT, or
 --                1 READY, which gives back a job that was claimed but never started
 --                (attempts - 1, pid and metadata cleared; last_attempt_at, execution_time and
---                memory stay).
+--                memory stay). A job whose attempt {{ table }}_cancel asked to stop while it
+--                was held is not given back: it is written REDUNDANT (finished_at set, its
+--                'Cancelled: <reason>' kept, attempts and pid as claimed) and its group woken.
 --              error: error_message to store (NULL on success).
 --              postponed_by: ms before the job may run again (a temporary failure's backoff).
 --              execution_time: ms the callback took; memory: a JSON object (NULL when the
@@ -71,6 +73,7 @@ BEGIN
     DECLARE v_queue VARCHAR(255);
     DECLARE v_mode VARCHAR(16);
     DECLARE v_recurring INT DEFAULT 0;
+    DECLARE v_cancelled INT DEFAULT 0;
     -- One row at a time, by primary key, in serial_group order: no statement can scan (and wait
     -- for) rows of other transactions, and group rows are locked in one order. (The read of
     -- serial_group is a plain, non-locking read; a job's group never changes.)
@@ -158,18 +161,30 @@ BEGIN
         END IF;
         -- JSON_TABLE gives a JSON null as the text 'null': store SQL NULL.
         SET v_memory = NULLIF(v_memory, 'null');
+        -- A give-back (state 1) of a job whose attempt was cancelled while it was held: it is
+        -- written as the cancelled job it is (REDUNDANT), not handed out again.
+        SET v_cancelled = 0;
+        IF v_state = 1 THEN
+            SELECT COUNT(*) INTO v_cancelled
+            FROM {{ table }}
+            WHERE id = v_id AND state = 2 AND number_of_attempts = v_attempt AND {{ abort_requested() }}
+            FOR UPDATE;
+        END IF;
+        -- MySQL assigns left to right: error_message reads the row before state changes.
         UPDATE {{ table }}
         SET
-            number_of_attempts = IF(v_state = 1, number_of_attempts - 1, number_of_attempts),
+            number_of_attempts = IF(
+                v_state = 1 AND v_cancelled = 0, number_of_attempts - 1, number_of_attempts
+            ),
             execution_time = IF(v_state = 1, execution_time, v_execution_time),
             memory = IF(v_state = 1, memory, v_memory),
-            pid = IF(v_state = 1, NULL, pid),
+            pid = IF(v_state = 1 AND v_cancelled = 0, NULL, pid),
             metadata = IF(v_state = 1, NULL, metadata),
-            finished_at = IF(v_state IN (3, 7), v_now, finished_at),
-            error_message = v_error,
-            postponed_by = v_postponed_by,
+            finished_at = IF(v_state IN (3, 7) OR v_cancelled = 1, v_now, finished_at),
+            error_message = IF(v_cancelled = 1, error_message, v_error),
+            postponed_by = IF(v_cancelled = 1, NULL, v_postponed_by),
             updated_at = v_now,
-            state = v_state
+            state = IF(v_cancelled = 1, 7, v_state)
         WHERE id = v_id AND state = 2 AND number_of_attempts = v_attempt;
         IF ROW_COUNT() > 0 THEN
             SET v_clone = NULL;

@@ -1,4 +1,4 @@
--- bgq {{ table }}_finish_results, version 3 (PostgreSQL 15)
+-- bgq {{ table }}_finish_results, version 4 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT {{ table }}_finish_results(p_results, p_now) -> o_written
@@ -11,7 +11,9 @@
 --              state: 3 FINISHED, 4 TEMPORARILY_FAILED, 5 PERMANENTLY_FAILED, 7 REDUNDANT, or
 --                1 READY, which gives back a job that was claimed but never started
 --                (attempts - 1, pid and metadata cleared; last_attempt_at, execution_time and
---                memory stay).
+--                memory stay). A job whose attempt {{ table }}_cancel asked to stop while it
+--                was held is not given back: it is written REDUNDANT (finished_at set, its
+--                'Cancelled: <reason>' kept, attempts and pid as claimed) and its group woken.
 --              error: error_message to store (NULL on success).
 --              postponed_by: ms before the job may run again (a temporary failure's backoff).
 --              execution_time: ms the callback took; memory: a JSON object (NULL when the
@@ -107,19 +109,24 @@ BEGIN
     ORDER BY 1
     ON CONFLICT (serial_group) DO UPDATE SET updated_at = EXCLUDED.updated_at;
 
+    -- A give-back (state 1) of a job whose attempt was cancelled while it was held is written
+    -- as the cancelled job it is (REDUNDANT), not handed out again.
+{% set cancelled_give_back %}(r.state = 1 AND {{ abort_requested('j') }}){% endset %}
     WITH written AS (
         UPDATE {{ table }} AS j
-        SET state = r.state,
+        SET state = CASE WHEN {{ cancelled_give_back }} THEN 7 ELSE r.state END,
             number_of_attempts = CASE
-                WHEN r.state = 1 THEN j.number_of_attempts - 1 ELSE j.number_of_attempts
+                WHEN r.state = 1 AND NOT COALESCE({{ cancelled_give_back }}, FALSE)
+                    THEN j.number_of_attempts - 1
+                ELSE j.number_of_attempts
             END,
-            error_message = r.error,
-            postponed_by = r.postponed_by,
+            error_message = CASE WHEN {{ cancelled_give_back }} THEN j.error_message ELSE r.error END,
+            postponed_by = CASE WHEN {{ cancelled_give_back }} THEN NULL ELSE r.postponed_by END,
             execution_time = CASE WHEN r.state = 1 THEN j.execution_time ELSE r.execution_time END,
             memory = CASE WHEN r.state = 1 THEN j.memory ELSE r.memory END,
-            pid = CASE WHEN r.state = 1 THEN NULL ELSE j.pid END,
+            pid = CASE WHEN r.state = 1 AND NOT COALESCE({{ cancelled_give_back }}, FALSE) THEN NULL ELSE j.pid END,
             metadata = CASE WHEN r.state = 1 THEN NULL ELSE j.metadata END,
-            finished_at = CASE WHEN r.state IN (3, 7) THEN v_now ELSE j.finished_at END,
+            finished_at = CASE WHEN r.state IN (3, 7) OR {{ cancelled_give_back }} THEN v_now ELSE j.finished_at END,
             updated_at = v_now
         FROM JSON_TO_RECORDSET(p_results::JSON) AS r (
             id BIGINT,
@@ -132,7 +139,7 @@ BEGIN
             clone_delay_ms INTEGER
         )
         WHERE j.id = r.id AND j.id = ANY(v_ids) AND j.state = 2 AND j.number_of_attempts = r.attempt
-        RETURNING j.id, j.serial_group, r.state, r.clone_delay_ms
+        RETURNING j.id, j.serial_group, j.state, r.clone_delay_ms
     )
     SELECT
         COALESCE(ARRAY_AGG(w.id ORDER BY w.serial_group, w.id), '{}'),
