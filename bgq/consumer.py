@@ -139,12 +139,16 @@ class _Loop:
         size = max(1, min(self.batch_max, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))
         return size if self.jobs == 0 else max(1, min(size, self.jobs - self.handled))
 
+    def _wait(self) -> float:
+        """How long a take may wait for messages: POLL_SECONDS, or less when a schedule fires sooner."""
+        return max(0.01, min(POLL_SECONDS, self.queue.scheduler.wait_bound()))
+
     def _take(self) -> str | None:
         """Take a batch of messages, claim their jobs in one transaction, acknowledge them and
         hold the claimed jobs; "die" when a die message asks the process to exit."""
         try:
             deliveries = list(
-                self.consumer.take_batch(self.base, self.priorities, self._size(), POLL_SECONDS)
+                self.consumer.take_batch(self.base, self.priorities, self._size(), self._wait())
             )
         except BrokerError as exc:  # the next take reconnects
             self.log.error(f"bgq: The broker connection failed; reconnecting. ({exc})")

@@ -2,7 +2,8 @@
 
 A schedule is a cron expression (5 fields, or 6 with seconds first), read in an IANA time zone
 by croniter (DST-aware), and the job each fire publishes. Every `bgq work`, `bgq consume` and
-`bgq process` calls `Scheduler.tick()` from its loop (at most once per TICK_SECONDS): the first
+`bgq process` calls `Scheduler.tick()` from its loop (at most once per TICK_SECONDS, and at the
+next fire time of a schedule it declares: an idle worker waits at most until then): the first
 tick upserts the declared schedules and deactivates the queue's schedules the code no longer
 declares; every tick reads the due schedules with the database's clock and calls
 `{table}_fire` per fire time, whose primary key on (schedule, fire time) lets exactly one
@@ -30,7 +31,8 @@ from .sender import Sender
 from .store import Store
 from .validate import MAX_TEXT
 
-TICK_SECONDS = 1.0  # a worker loop fires schedules at most this often
+TICK_SECONDS = 1.0  # a worker loop fires schedules at most this often, and at each fire time
+FIRE_MARGIN = 0.02  # s after a fire time before its tick, so the database's clock has passed it too
 DEFAULT_GRACE = 60.0  # s a fire may be late and still count as on time (not missed)
 MISSED_POLICIES = ("once", "skip")
 _MAX_ON_TIME = 100  # fire times within grace published per schedule per tick at most
@@ -171,13 +173,17 @@ class Scheduler:
         self.specs = specs
         self.synced = False
         self.last_tick = float("-inf")
+        self.next_fire = float("inf")  # time.monotonic() of the next fire of a declared schedule
 
     def tick(self) -> list[JobRef]:
-        """What a worker loop calls: at most once per TICK_SECONDS, sync (first time) and fire
-        the due schedules. Never raises: a failure is logged and the next tick tries again."""
-        if time.monotonic() - self.last_tick < TICK_SECONDS:
+        """What a worker loop calls: sync (first time) and fire the due schedules, at most once
+        per TICK_SECONDS and at each fire time of a declared schedule (so a fire is late by about
+        FIRE_MARGIN, not by up to a second plus the loop's idle wait). Never raises: a failure is
+        logged and the next tick tries again."""
+        now = time.monotonic()
+        if now - self.last_tick < TICK_SECONDS and now < self.next_fire:
             return []
-        self.last_tick = time.monotonic()
+        self.last_tick = now
         try:
             if not self.synced:
                 self.sync()
@@ -185,6 +191,23 @@ class Scheduler:
         except Exception as exc:  # a database error, or a stored cron this croniter cannot read
             self.config.logger.warning(f"bgq: Firing schedules failed; the next tick retries. ({exc})")
             return []
+        finally:
+            self.next_fire = self._next_fire()
+
+    def wait_bound(self) -> float:
+        """Seconds an idle worker loop may wait before its next tick is due (inf: no schedule)."""
+        return max(0.0, self.next_fire - time.monotonic())
+
+    def _next_fire(self) -> float:
+        """time.monotonic() of the next fire time of the schedules this process declares."""
+        if not self.specs:
+            return float("inf")
+        try:
+            utc = dt.datetime.now(dt.UTC)
+            soonest = min(spec.next_after(utc) for spec in self.specs.values())
+        except Exception:  # croniter missing or refusing: the once-a-second tick still runs
+            return float("inf")
+        return time.monotonic() + (soonest - utc).total_seconds() + FIRE_MARGIN
 
     def sync(self, now: dt.datetime | None = None) -> int:
         """Upsert every declared schedule; deactivate the queue's schedules not declared (how many)."""

@@ -229,7 +229,8 @@ class _Worker:
         if waker is None and self.limit is None:  # the last one broke: open another (or poll)
             with contextlib.suppress(Exception):
                 waker = self.store.procs.waker()
-        deadline = time.monotonic() + (self.poll if waker is not None and waker.wakes_on_release else idle)
+        wait = self.poll if waker is not None and waker.wakes_on_release else idle
+        deadline = time.monotonic() + min(wait, self.queue.scheduler.wait_bound())  # a fire is due then
         try:
             while not self.stop.requested:
                 left = deadline - time.monotonic()

@@ -281,6 +281,31 @@ def test_cli_schedules_pause_resume_cancel_and_monitor(make_queue, installed, cl
         installed.sql("DELETE FROM {t}_paused")
 
 
+def test_an_idle_worker_fires_each_schedule_at_its_time_not_a_poll_later(
+    make_queue, installed, clean_schedules
+):
+    """An idle `bgq work` waits at most until the next fire time of a schedule it declares, so with
+    grace=1 and missed="skip" (the README's example) no on-time fire is lost: each is published
+    within a fraction of a second of its time. (Ticks once a second plus the idle wait came up to
+    about 1.3 s late, and a fire more than `grace` late was skipped.)"""
+    from tests.test_work import Worker
+
+    queue = make_queue(callbacks={"beat": lambda: None})
+    queue.schedule("every2s", "*/2 * * * * *", "beat", missed="skip", grace=1)
+    worker = Worker(queue, poll=1.0)  # bgq work's default poll
+    worker.start()
+    try:
+        time.sleep(9)
+    finally:
+        worker.finish()
+    fired = _fired(installed, "every2s")
+    times = [r["fire_at"] for r in fired]
+    assert len(times) >= 4, times
+    assert all((b - a) == dt.timedelta(seconds=2) for a, b in zip(times, times[1:], strict=False)), times
+    late = [(r["fired_at"] - r["fire_at"]).total_seconds() for r in fired]
+    assert max(late) < 0.5, late
+
+
 def test_bgq_process_fires_due_schedules_and_runs_their_jobs_in_the_same_pass(
     make_queue, installed, clean_schedules
 ):
