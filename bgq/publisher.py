@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from . import outbox
 from . import params as params_codec
@@ -104,7 +105,10 @@ class Publisher:
             raise PublishError(
                 f"connection is {conn.dialect.name}, the queue's database {store.database.dialect.name}."
             )
-        job_id = store.procs.insert(conn, job)
+        try:
+            job_id = store.procs.insert(conn, job)
+        except DBAPIError as exc:  # on the application's connection: a bgq error all the same
+            raise store.database.translate(exc) from exc
         if self.config.producer is not None:
             outbox.add(
                 connection, (job_id, job.queue, job.priority, job.postponed_by), self.sender.send_pending

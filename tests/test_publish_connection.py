@@ -218,3 +218,20 @@ def test_a_url_without_a_driver_publishes_through_bgq_s_driver(make_queue, insta
     queue = make_queue(database_url=bare)
     job = queue.publish("noop")
     assert installed.sql("SELECT id FROM {t}") == [{"id": job}]
+
+
+def test_a_database_error_on_the_applications_connection_is_a_bgq_error(dialect, installed, make_queue):
+    """publish(connection=...) on a connection to a database without bgq's table (the wrong
+    engine): a bgq DatabaseError naming the problem, like every database failure bgq reports,
+    not the driver's own exception."""
+    import sqlalchemy as sa
+
+    queue = make_queue()
+    other = sa.make_url(installed.url).set(database="postgres" if dialect == "postgres" else "mysql")
+    engine = sa.create_engine(other)
+    try:
+        with engine.connect() as conn, pytest.raises(DatabaseError) as raised:
+            queue.publish("noop", connection=conn)
+    finally:
+        engine.dispose()
+    assert installed.table in str(raised.value)
