@@ -8,11 +8,21 @@ from typing import Any
 
 from . import retry
 from .config import Config, read_clock
-from .errors import ConfigError
+from .errors import ConfigError, JobNotFoundError
 from .model import Cancelled, JobRef, Pause, WorkerRow
 from .sender import Sender
 from .store import Store
 from .validate import MAX_TEXT
+
+#: The largest job id: ids are BIGINTs, from 1.
+MAX_JOB_ID = 2**63 - 1
+
+
+def check_job_id(job_id: int) -> None:
+    """Raise the procedures' JobNotFoundError for an id no job can have: the database would
+    refuse one outside the BIGINT range as an error (MySQL: out of range) instead of finding nothing."""
+    if isinstance(job_id, int) and not 1 <= job_id <= MAX_JOB_ID:
+        raise JobNotFoundError("bgq: no such job")
 
 
 class Admin:
@@ -27,6 +37,7 @@ class Admin:
 
     def requeue(self, job_id: int, reason: str) -> JobRef:
         """The DBA's manual requeue: the job becomes READY again (not while PROCESSING)."""
+        check_job_id(job_id)
         with self.store.database.transaction() as conn:
             job = self.store.procs.requeue(conn, job_id, reason)
         self.sender.send([(job.id, job.queue, job.priority, None)])
@@ -35,6 +46,7 @@ class Admin:
     def run_now(self, job_id: int, reason: str) -> JobRef:
         """Clear a READY or TEMPORARILY_FAILED job's postponement: it is due at once (broker
         mode: its id is sent again; the claim is exactly-once)."""
+        check_job_id(job_id)
         with self.store.database.transaction() as conn:
             job = self.store.procs.run_now(conn, job_id, reason)
         self.sender.send([(job.id, job.queue, job.priority, None)])
@@ -49,6 +61,7 @@ class Admin:
 
     def cancel(self, job_id: int, reason: str) -> Cancelled:
         """Queue.cancel (its docstring is the contract)."""
+        check_job_id(job_id)
         with self.store.database.transaction() as conn:
             result = self.store.procs.cancel(conn, job_id, reason)
         if result.promoted_id is not None:

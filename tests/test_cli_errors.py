@@ -153,3 +153,15 @@ def test_requeue_goes_on_after_a_job_it_cannot_requeue(cli, make_queue, installe
         f"bgq: job {running}: the job is PROCESSING; its worker owns it",
     ]
     assert result.stdout == f"requeued {failed} (was state {int(JobState.PERMANENTLY_FAILED)})\n"
+
+
+@pytest.mark.parametrize("command", ["requeue", "cancel"])
+def test_an_id_outside_bigint_is_no_such_job_and_the_others_go_on(cli, make_queue, installed, command):  # noqa: F811
+    """Not the database's out-of-range error, which also stopped the command before the next id."""
+    failed = job(make_queue(), installed, JobState.TEMPORARILY_FAILED)
+    huge = "99999999999999999999999"
+    result = cli(command, huge, str(failed), "--reason", "x")
+    assert result.returncode == 1
+    assert result.stderr == f"bgq: job {huge}: no such job\n"
+    done = f"requeued {failed} " if command == "requeue" else f"{failed}: cancelled "
+    assert result.stdout.startswith(done), result.stdout

@@ -171,6 +171,27 @@ def test_a_token_acts_as_admin_and_a_referer_from_the_console_passes_the_origin_
     assert installed.sql("SELECT postponed_by FROM {t} WHERE id = %s", (job,)) == [{"postponed_by": None}]
 
 
+@pytest.mark.parametrize("action", ["requeue", "run_now", "cancel"])
+def test_an_action_on_an_id_outside_bigint_answers_like_an_unknown_job(make_queue, installed, action):
+    """Ids are BIGINTs from 1: any other number is no such job (the database would refuse it as
+    out of range), skipped like an id nobody has, never a 500."""
+    from starlette.testclient import TestClient
+
+    queue = make_queue()
+    job = queue.publish("noop", [1], postpone_by=3_600_000)
+    client = TestClient(
+        app(queue, no_auth=True), headers={"Referer": "http://testserver/jobs"}, raise_server_exceptions=False
+    )
+    for bad in (job + 1000, 2**63 - 1, 2**63, 99999999999999999999999, 0, -1):
+        page = client.post(f"/actions/{action}", data={"id": str(bad), "confirm": "yes", "reason": "x"})
+        assert page.status_code == 200, (bad, page.text[-2000:])
+        assert "0 job(s) changed, 1 skipped." in page.text, bad
+        assert f"<li>#{bad}: bgq: no such job</li>" in page.text, bad
+    assert installed.sql("SELECT state, postponed_by FROM {t} WHERE id = %s", (job,)) == [
+        {"state": 1, "postponed_by": 3_600_000}
+    ]
+
+
 def test_mounted_in_another_app_every_link_stays_under_the_mount(make_queue, installed):
     from starlette.applications import Starlette
     from starlette.routing import Mount
