@@ -164,7 +164,8 @@ class Executor:
         """The callback, with the queue's hooks (bgq/runner.py): its outcome, never an exception.
         Counted for the worker registry and the metrics, and logged at INFO with the job's fields
         (`extra`: job_id, callback, queue, group, attempt, outcome, duration_ms; bgq/logfmt.py); a
-        temporary failure at WARNING, with its error and when it is retried."""
+        temporary failure at WARNING, with its error and when it is retried; a run whose job was
+        taken over (reaped and claimed by another worker while it ran) at WARNING, as dropped."""
         self.current_job_id = job_id
         started = time.monotonic()
         try:
@@ -183,7 +184,12 @@ class Executor:
             "outcome": outcome.state.name.lower(),
             "duration_ms": round(seconds * 1000, 3),
         }
-        if outcome.state is JobState.TEMPORARILY_FAILED:  # a retry is due: say why, at WARNING
+        if self.heartbeat.lost:  # reaped and claimed by another worker: no retry, the new owner runs it
+            self.log.warning(
+                f"bgq: Job was taken over by another worker; its result is dropped. (ID: {job_id})",
+                extra=fields,
+            )
+        elif outcome.state is JobState.TEMPORARILY_FAILED:  # a retry is due: say why, at WARNING
             fields["error"] = outcome.error
             when = f", retried in {outcome.postponed_by / 1000:g} s" if outcome.postponed_by else ""
             self.log.warning(

@@ -310,6 +310,42 @@ def test_a_zombie_learns_at_its_next_heartbeat_that_its_job_was_taken_over(make_
         assert queue.procs.beat(conn, job, 2).alive  # the new owner's heartbeat holds
 
 
+def test_a_zombies_run_is_logged_as_taken_over_not_as_a_retry(make_queue, installed, caplog):
+    """Its result is fenced out and the new owner runs the job: the run's line says so, once,
+    without "retried in" nor the JobAborted text (which names the ID as well)."""
+    taken: dict[str, threading.Event] = {"beat": threading.Event(), "go": threading.Event()}
+
+    def zombie() -> None:
+        queue.heartbeat()
+        taken["beat"].set()
+        assert taken["go"].wait(15)
+        queue.heartbeat()  # raises JobAborted: taken over
+
+    queue = make_queue(callbacks={"zombie": zombie}, heartbeat_interval=0, stalled_job_backoff=0)
+    job = queue.publish("zombie")
+    with caplog.at_level("INFO", logger="bgq"):
+        worker = _run_in_thread(queue, job)
+        assert taken["beat"].wait(15)
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
+        with queue.database.transaction() as conn:
+            assert [r.id for r in queue.procs.reap(conn, "general", 60, 10, later)] == [job]
+        with queue.database.transaction() as conn:
+            assert queue.procs.claim(conn, job, "general", 2, 1000, None, later).outcome == "claimed"
+        taken["go"].set()
+        worker.join(15)
+    assert not worker.is_alive()
+    ran = [r for r in caplog.records if getattr(r, "job_id", None) == job]  # the run's line
+    assert [(r.levelname, r.getMessage()) for r in ran] == [
+        ("WARNING", f"bgq: Job was taken over by another worker; its result is dropped. (ID: {job})")
+    ]
+    for record in caplog.records:
+        assert "retried in" not in record.getMessage()
+        assert record.getMessage().count(f"(ID: {job})") <= 1, record.getMessage()
+    assert (_row(installed, job)["state"], _row(installed, job)["number_of_attempts"]) == (
+        JobState.PROCESSING, 2,
+    )  # fmt: skip
+
+
 def test_the_heartbeat_reports_an_abort_for_the_current_attempt_only(make_queue, installed):
     """An abort requested during attempt 1 must not stop attempt 2 after a requeue."""
     queue = make_queue()
