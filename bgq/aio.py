@@ -43,9 +43,13 @@ def run(awaitable: Awaitable[T]) -> T:
     """Run `awaitable` to completion on this thread's reused loop and return its result (or raise)."""
     try:
         asyncio.get_running_loop()
+        inside_a_loop = True
     except RuntimeError:
-        return event_loop().run_until_complete(_wrap(awaitable))
-    return asyncio.run_coroutine_threadsafe(_wrap(awaitable), _helper_loop()).result()
+        inside_a_loop = False
+    if inside_a_loop:
+        return asyncio.run_coroutine_threadsafe(_wrap(awaitable), _helper_loop()).result()
+    # (outside the except: an exception of the awaitable must not carry "no running event loop")
+    return event_loop().run_until_complete(_wrap(awaitable))
 
 
 def event_loop() -> asyncio.AbstractEventLoop:

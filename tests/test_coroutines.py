@@ -171,6 +171,26 @@ def test_coroutine_hooks_can_replace_the_error_and_the_loop_is_reused(make_queue
     assert loops[0] is aio.event_loop() and not loops[0].is_closed()
 
 
+def test_a_coroutine_callbacks_exception_carries_no_context_of_bgqs(make_queue, installed, caplog):
+    """The loop is chosen before the coroutine runs: its exception reaches on_error and the log
+    without a chained "RuntimeError: no running event loop"."""
+    seen = []
+    queue = make_queue(on_error=lambda exc, parameters: seen.append(exc), notify_on_number_of_attempts=1)
+
+    @queue.task
+    async def boom() -> None:
+        raise ValueError("original")
+
+    job_id = boom.publish()
+    with caplog.at_level("WARNING", logger="bgq"):
+        queue.process()
+    assert state_of(installed, job_id) == JobState.TEMPORARILY_FAILED
+    assert [type(e) for e in seen] == [ValueError]
+    assert seen[0].__context__ is None and seen[0].__cause__ is None
+    assert "ValueError: original" in caplog.text  # (the traceback of the first attempt's notice)
+    assert "no running event loop" not in caplog.text
+
+
 def test_process_called_from_inside_a_running_loop_runs_coroutines_on_a_helper_thread(make_queue, installed):
     ran = {}
     queue = make_queue()
