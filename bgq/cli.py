@@ -795,6 +795,7 @@ def web(
             **({"table_name": state.table} if state.table else {}),
         )
     state.queue = queue
+    _ = queue.procs  # reach the database and check the install before serving
     typer.echo(f"bgq web: http://{host}:{port}/ (table {queue.config.table_name})")
     serve(queue, host, port, credentials, no_auth)
 

@@ -237,6 +237,20 @@ def test_process_on_a_table_that_is_not_installed(tmp_path, dialect, db_url):
     assert "bgq install-procs" in result.stderr
 
 
+def test_web_on_a_table_that_is_not_installed_refuses_to_start(dialect, db_url):
+    """As process and work do: one line, instead of a console whose every page is a 500."""
+    pytest.importorskip("starlette", reason="the web extra is not installed (pip install 'bgq[web]')")
+    args = ("--database-url", db_url, "--table", unique_name("bgqnone"), "web", "--token", "t", "--port", "0")
+    try:
+        result = bgq(*args, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("bgq web started serving a table where bgq is not installed")
+    assert_clean_failure(result, 1)
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "bgq is not installed" in result.stderr and "bgq install-procs" in result.stderr
+    assert result.stdout == ""
+
+
 def test_process_unreachable_database(tmp_path):
     module = write_app(tmp_path, UNREACHABLE["mysql"], "background_job")
     result = bgq("--app", f"{module}:queue", "process", pythonpath=tmp_path, timeout=60)
