@@ -303,6 +303,7 @@ def test_an_idle_worker_fires_each_schedule_at_its_time_not_a_poll_later(
     assert len(times) >= 4, times
     assert all((b - a) == dt.timedelta(seconds=2) for a, b in zip(times, times[1:], strict=False)), times
     late = [(r["fired_at"] - r["fire_at"]).total_seconds() for r in fired]
+    print(f"\n[schedule lateness, idle worker, {installed.db.dialect.name}] max {max(late) * 1000:.0f} ms")
     assert max(late) < 0.5, late
 
 
