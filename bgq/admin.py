@@ -7,12 +7,12 @@ import json
 from typing import Any
 
 from . import retry
-from .config import Config, read_clock
-from .errors import ConfigError, JobNotFoundError
+from .config import QUEUE_NAME_RE, Config, read_clock
+from .errors import ConfigError, JobNotFoundError, PublishError
 from .model import Cancelled, JobRef, Pause, WorkerRow
 from .sender import Sender
 from .store import Store
-from .validate import MAX_TEXT
+from .validate import MAX_TEXT, check_text
 
 #: The largest job id: ids are BIGINTs, from 1.
 MAX_JOB_ID = 2**63 - 1
@@ -88,12 +88,22 @@ class Admin:
             return self.store.procs.pauses(conn)
 
     def _target(self, group: str | None, queue: str | None) -> tuple[str, str]:
+        """("group", name) or ("queue", name), refusing a name no job could carry: a queue name
+        a Queue could not be configured with, a group name publish would refuse."""
         if group is not None and queue is not None:
             raise ConfigError("Pause a queue or a group, not both at once.")
-        name = group if group is not None else (queue if queue is not None else self.config.queue)
-        if not isinstance(name, str) or not name or len(name) > MAX_TEXT:
-            raise ConfigError(f"A paused queue or group name must be 1 to {MAX_TEXT} characters.")
-        return ("group" if group is not None else "queue"), name
+        if group is not None:
+            try:
+                check_text("serial_group", group)
+            except PublishError as exc:
+                raise ConfigError(f"Invalid serial group to pause or resume: {exc}") from exc
+            return "group", group
+        name = queue if queue is not None else self.config.queue
+        if not isinstance(name, str) or not QUEUE_NAME_RE.fullmatch(name):
+            raise ConfigError(
+                f"Invalid queue to pause or resume: {name!r} (letters, digits, _ . -, up to 200)."
+            )
+        return "queue", name
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:
         """The job's row, for people and tests."""

@@ -629,9 +629,19 @@ def pause(
         return
     if not reason:
         fail("bgq pause needs --reason.", code=2)
-    new = queue.pause(reason, group=group, queue=None if group else queue_name, by=_who())
-    what = f"group {group}" if group else f"queue {queue_name}"
+    target = _pause_target(queue, queue_name)
+    new = queue.pause(reason, group=group, queue=target, by=_who())
+    what = f"group {group}" if group else f"queue {target}"
     typer.echo(f"paused {what}" if new else f"{what} was paused already (reason updated)")
+
+
+def _pause_target(queue: Queue, queue_name: str | None) -> str | None:
+    """QUEUE of `bgq pause` / `bgq resume` as a queue name: the app's queue or one of its
+    sub-queues by full name, or a sub-queue by its own name, as `bgq work QUEUE` reads it."""
+    base = queue.config.queue
+    if queue_name is None or queue_name == base or queue_name.startswith(f"{base}_"):
+        return queue_name
+    return queue.config.queue_name(queue_name)
 
 
 @app.command()
@@ -644,8 +654,9 @@ def resume(
     assert queue is not None
     if queue_name is None and group is None:
         fail("bgq resume needs QUEUE or --group.", code=2)
-    done = queue.resume(group=group, queue=None if group else queue_name)
-    what = f"group {group}" if group else f"queue {queue_name}"
+    target = _pause_target(queue, queue_name)
+    done = queue.resume(group=group, queue=target)
+    what = f"group {group}" if group else f"queue {target}"
     typer.echo(f"resumed {what}" if done else f"{what} was not paused")
 
 

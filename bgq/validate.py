@@ -51,9 +51,9 @@ def new_job(
     if type(priority) is not int or priority not in cfg.priorities:
         _check_priority(cfg, callback_name, priority)
     if serial_group is not None:
-        _check_text("serial_group", serial_group)
+        check_text("serial_group", serial_group)
     if identifier is not None:
-        _check_text("identifier", identifier)
+        check_text("identifier", identifier)
     if coalesce_threshold is not None and (
         isinstance(coalesce_threshold, bool)
         or not isinstance(coalesce_threshold, int)
@@ -107,7 +107,7 @@ def _check_priority(cfg: Config, callback_name: str, priority: Any) -> None:
         )
 
 
-def _check_text(name: str, value: Any) -> None:
+def check_text(name: str, value: Any) -> None:
     """Raise PublishError unless `value` is a group name or identifier both dialects store alike."""
     if not isinstance(value, str) or not value or len(value) > MAX_TEXT:
         raise PublishError(f'Parameter "{name}" must be a non-empty string of at most {MAX_TEXT} characters.')

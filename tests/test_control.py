@@ -109,6 +109,10 @@ def test_bad_pause_targets_are_refused_before_anything_is_written(make_queue, in
         queue.pause("x", group="g", queue="q")
     with pytest.raises(bgq.ConfigError):
         queue.pause("x", group="")
+    with pytest.raises(bgq.ConfigError, match="whitespace"):  # publish refuses such a group too
+        queue.pause("x", group="g ")
+    with pytest.raises(bgq.ConfigError, match="Invalid queue"):
+        queue.pause("x", queue="bad queue!")
     with pytest.raises(bgq.DatabaseError), queue.database.transaction() as conn:  # the procedure's check
         queue.procs.pause(conn, "host", "h", "x", None)
     assert queue.paused() == []

@@ -271,6 +271,18 @@ def test_cli_schedules_pause_resume_cancel_and_monitor(make_queue, installed, cl
         assert cli("pause", "sched").returncode == 2  # --reason is required
         assert cli("resume", "sched").stdout.strip() == "resumed queue sched"
         assert cli("resume", "--group", "g1").stdout.strip() == "resumed group g1"
+        # QUEUE as `bgq work QUEUE` reads it: a sub-queue by its own name or by its full one.
+        assert cli("pause", "mail", "--reason", "x").stdout.strip() == "paused queue sched_mail"
+        assert cli("resume", "sched_mail").stdout.strip() == "resumed queue sched_mail"
+        for bad, says in (
+            (("pause", "bad queue!", "--reason", "x"), "Invalid sub-queue 'bad queue!'"),
+            (("pause", "mailx", "--group", "g", "--reason", "x"), "not both"),
+            (("pause", "--group", "g1 ", "--reason", "x"), "must not end with whitespace"),
+        ):
+            refused = cli(*bad)
+            assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
+            assert says in refused.stderr, refused.stderr
+        assert json.loads(cli("monitor", "--json").stdout)["paused"] == []
 
         job = app.publish("tick")
         out = cli("cancel", str(job), "--reason", "not needed")
