@@ -86,6 +86,16 @@ def _inside(scope: Any, rolled_back: Any) -> bool:
     return False
 
 
+def _open_savepoints(conn: Connection) -> int:
+    """How many savepoints (begin_nested) are open on `conn`. SQLAlchemy links each to the one
+    it was opened inside, and names only the innermost publicly."""
+    depth, nested = 0, conn.get_nested_transaction()
+    while nested is not None:
+        depth += 1
+        nested = getattr(nested, "_previous_nested", None)
+    return depth
+
+
 def _outbox(target: Session | Connection, send: Send) -> _Outbox:
     # Keyed by the Session or Connection object itself: a Connection's .info belongs to the pooled
     # DBAPI connection and outlives it, while the listeners below belong to this object.
@@ -95,6 +105,8 @@ def _outbox(target: Session | Connection, send: Send) -> _Outbox:
         return box
     box = _Outbox(target, send)
     _boxes[target] = box
+    if isinstance(target, Connection):  # savepoints opened before this first publish count too
+        box.savepoints = [object() for _ in range(_open_savepoints(target))]
     if is_session(target):
 
         def after_commit(session: Session) -> None:

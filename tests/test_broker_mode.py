@@ -214,6 +214,27 @@ def test_a_session_joined_to_an_application_transaction_sends_at_that_transactio
         engine.dispose()
 
 
+def test_a_savepoint_opened_before_the_first_publish_on_a_connection_drops_its_ids_on_rollback(
+    broker_queue, rabbit, installed
+):
+    queue = broker_queue()
+    engine = create_engine(installed.url)
+    try:
+        with engine.connect() as conn:
+            conn.begin()
+            outer = conn.begin_nested()
+            inner = conn.begin_nested()  # two levels open before the outbox first sees conn
+            dropped = queue.publish("noop", connection=conn)
+            inner.rollback()
+            kept = queue.publish("noop", connection=conn)
+            outer.commit()
+            conn.commit()
+        assert rabbit.bodies(f"{rabbit.base}_1") == [str(kept)]
+        assert state_of(installed, dropped) is None and state_of(installed, kept) == JobState.READY
+    finally:
+        engine.dispose()
+
+
 def test_checklist_12_13_connection_publishes_after_commit(broker_queue, rabbit, installed):
     queue = broker_queue()
     engine = create_engine(installed.url)
