@@ -183,7 +183,10 @@ class Admin:
         if days:
             today = read_clock(self.config.clock) if self.config.clock else dt.datetime.now(dt.UTC)
             midnight = today.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-            before = midnight - dt.timedelta(days=days)
+            try:
+                before = midnight - dt.timedelta(days=days)
+            except OverflowError:  # before the year 1: no job was created that long ago
+                return 0
         return retry.in_transaction(
             self.store.database, lambda conn: self.store.procs.clear_finished(conn, self.config.queue, before)
         )

@@ -379,6 +379,17 @@ def test_checklist_91_clear_finished_command(cli, make_queue, installed):
     assert state_of(installed, redundant) == 7
 
 
+@pytest.mark.parametrize("days", ["740000", "100000000"])
+def test_clear_finished_with_more_days_than_the_calendar_holds_deletes_nothing(
+    cli, make_queue, installed, days
+):
+    """A cutoff before the year 1 is no error (no job is that old), not an OverflowError traceback."""
+    kept = job(make_queue(), installed, 3, created_at=OLD)
+    result = cli("clear-finished", days)
+    assert (result.returncode, result.stdout.strip(), result.stderr) == (0, "deleted 0 finished job(s)", "")
+    assert state_of(installed, kept) == 3
+
+
 @pytest.mark.parametrize("bad", ["abc", "-1", "1.5"])
 def test_checklist_91_clear_finished_rejects_a_bad_number_of_days(cli, make_queue, installed, bad):
     kept = job(make_queue(), installed, 3, created_at=OLD)
