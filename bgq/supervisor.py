@@ -13,6 +13,8 @@ workers. This loop is small, and it holds these rules:
   slot's pause (RESTART_DELAY up to RESTART_DELAY_MAX), and after CRASH_LIMIT of them the
   supervisor stops the others and raises WorkersCrashing (`bgq work` prints one line, exit 1),
   for the outer supervisor (systemd, Kubernetes) to act on. A worker that ran longer resets it.
+- A worker whose supervisor is gone (SIGKILL, the OOM killer) stops as on SIGTERM within
+  PARENT_CHECK seconds, so a restarted supervisor never runs beside orphans.
 - Before any fork the queue is checked in this process (options, the database reached, the
   install's version): a bad configuration or an unreachable database is one error here, not N
   crash loops.
@@ -28,6 +30,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -47,6 +50,7 @@ RESTART_DELAY_MAX = 30.0  # the pause doubles with each crash at start in a row,
 CRASH_WINDOW = 5.0  # a worker that dies this soon after its start crashed at start
 CRASH_LIMIT = 5  # that many crashes at start in a row of one worker: give up
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PARENT_CHECK = 1.0  # s between a worker's checks that its supervisor is still alive
 
 
 class WorkersCrashing(BgqError):
@@ -196,6 +200,18 @@ class _Supervisor:
                 slot.process = None
 
 
+def _watch_parent(parent: int, stop: GracefulStop) -> None:
+    """Stop this worker as SIGTERM would once its supervisor is gone (SIGKILL, the OOM killer):
+    an orphan would go on claiming unseen, beside the workers of a restarted supervisor."""
+    while not stop.requested:
+        if os.getppid() != parent:
+            gone = f"its supervisor (pid {parent}) is gone; stopping"
+            print(f"bgq: worker {os.getpid()}: {gone}.", file=sys.stderr)
+            stop.requested = True
+            return
+        time.sleep(PARENT_CHECK)
+
+
 def _child(make_queue: Callable[[], Queue], options: dict[str, Any], parent: int) -> None:
     """A worker process: its own signal handling and connections, then work() until stopped."""
     code = 1
@@ -205,6 +221,8 @@ def _child(make_queue: Callable[[], Queue], options: dict[str, Any], parent: int
             signal.set_wakeup_fd(-1)  # the parent's wake-up pipe is not this process's
             queue = make_queue()
             queue.database.engine.dispose(close=False)  # never share the parent's pooled sockets
+            watch = threading.Thread(target=_watch_parent, args=(parent, stop), daemon=True)
+            watch.start()
             code = work(queue, stop=stop, **options)
     except BgqError as exc:
         print(f"bgq: worker {os.getpid()}: {exc}", file=sys.stderr)

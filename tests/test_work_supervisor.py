@@ -77,6 +77,26 @@ def test_sigterm_during_the_restart_pause_stops_everything_at_once(cli):  # noqa
 
 
 @pytest.mark.slow
+def test_workers_of_a_sigkilled_supervisor_stop_instead_of_running_on_as_orphans(cli):  # noqa: F811
+    """The supervisor is SIGKILLed (nothing can forward a stop): each worker sees it is gone and
+    stops as on SIGTERM within about supervisor.PARENT_CHECK seconds, with exit 0 and a line
+    saying why; a restarted supervisor never runs beside orphans."""
+    runner = cli()
+    proc, pids = start_supervisor(runner)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    started = time.monotonic()
+    wait_until(
+        lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), 15, "the orphaned workers to stop"
+    )
+    took = time.monotonic() - started
+    output = runner.output(proc)
+    for pid in pids:
+        assert f"bgq: worker {pid}: its supervisor (pid {proc.pid}) is gone; stopping." in output, output
+    assert took < supervisor.PARENT_CHECK + 5, f"the workers stopped {took:.1f} s after their supervisor"
+
+
+@pytest.mark.slow
 def test_a_sigkilled_worker_is_restarted_and_sigterm_then_stops_all(cli):  # noqa: F811
     runner = cli()
     proc, pids = start_supervisor(runner)
