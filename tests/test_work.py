@@ -555,7 +555,9 @@ def test_a_held_job_cancelled_before_it_starts_is_recorded_cancelled_when_given_
                 for job in held:
                     assert queue.cancel(job, "not wanted").outcome == "abort_requested"
                     cancelled.append(job)
-                time.sleep(2.5)  # past the 1 s hold: the held jobs are given back meanwhile
+                for _ in range(5):  # past the 1 s hold: the held jobs are given back meanwhile
+                    time.sleep(0.5)
+                    queue.heartbeat()  # and this job, longer than stalled_job_timeout, is not reaped
         ran.append(token)
 
     queue = make_queue(callbacks={"rec": rec}, stalled_job_timeout=2, heartbeat_interval=0)
