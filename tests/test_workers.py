@@ -116,14 +116,10 @@ BEAT, DEAD = 1, 3
 REAP_SLACK = 1.5 * REAP_INTERVAL + BEAT + 1.0
 
 
-@pytest.mark.slow
-def test_a_sigkilled_bgq_work_s_job_is_reaped_within_the_worker_bound(installed, cli, make_queue):  # noqa: F811
-    """Two `bgq work` processes; the one running a grouped job is SIGKILLed mid-job: the other
-    reaps the job within worker_dead_after + REAP_SLACK of the victim's last heartbeat (with
-    stalled_job_timeout at an hour, so only the dead-worker reap can do it), the victim's row is
-    removed, and the group goes on. The claim stores its worker's id (p_worker_id), which is what
-    the dead-worker reap reads.
-    """
+def _a_slow_grouped_job_running(cli, make_queue):  # noqa: F811
+    """Two `bgq work` processes (stalled_job_timeout an hour, worker heartbeat BEAT, dead after
+    DEAD) and group g0: a slow first job, started, and three after it. (runner, queue, slow job,
+    the other jobs, {pid: process}, the pid running the slow job)."""
     runner = cli(stalled=3600)
     runner.env.update(BGQ_TEST_WORK_BEAT=str(BEAT), BGQ_TEST_WORK_DEAD_AFTER=str(DEAD))
     queue = make_queue(callbacks={"slow_once": print, "ledger": print}, priorities=[1, 2, 3])
@@ -133,7 +129,18 @@ def test_a_sigkilled_bgq_work_s_job_is_reaped_within_the_worker_bound(installed,
     start = wait_until(
         lambda: next((e for e in runner.events() if e["token"] == "slow"), None), 30, "the slow job to start"
     )
-    victim = start["pid"]
+    return runner, queue, slow, rest, procs, start["pid"]
+
+
+@pytest.mark.slow
+def test_a_sigkilled_bgq_work_s_job_is_reaped_within_the_worker_bound(installed, cli, make_queue):  # noqa: F811
+    """Two `bgq work` processes; the one running a grouped job is SIGKILLed mid-job: the other
+    reaps the job within worker_dead_after + REAP_SLACK of the victim's last heartbeat (with
+    stalled_job_timeout at an hour, so only the dead-worker reap can do it), the victim's row is
+    removed, and the group goes on. The claim stores its worker's id (p_worker_id), which is what
+    the dead-worker reap reads.
+    """
+    runner, queue, slow, rest, procs, victim = _a_slow_grouped_job_running(cli, make_queue)
     (worker,) = [r for r in _rows(installed) if r["pid"] == victim]
     (job,) = installed.sql("SELECT worker_id FROM {t} WHERE id = %s", (slow,))
     assert job["worker_id"] == worker["id"], "the claim did not store its worker's id"
@@ -171,16 +178,7 @@ def test_a_cancelled_job_whose_bgq_work_was_sigkilled_stays_cancelled_and_its_gr
     `bgq work` is SIGKILLed first. The other worker's reaper records the job REDUNDANT with the
     cancel's reason instead of retrying it, and the rest of the group runs; the cancelled job
     started once (the ledger, written by the callbacks, is the judge)."""
-    runner = cli(stalled=3600)
-    runner.env.update(BGQ_TEST_WORK_BEAT=str(BEAT), BGQ_TEST_WORK_DEAD_AFTER=str(DEAD))
-    queue = make_queue(callbacks={"slow_once": print, "ledger": print}, priorities=[1, 2, 3])
-    slow = queue.publish("slow_once", ["slow", "g0"], serial_group="g0", priority=1)
-    rest = [queue.publish("ledger", [f"k{n}", "g0"], serial_group="g0", priority=2) for n in range(3)]
-    procs = {p.pid: p for p in (runner.start("work"), runner.start("work"))}
-    start = wait_until(
-        lambda: next((e for e in runner.events() if e["token"] == "slow"), None), 30, "the slow job to start"
-    )
-    victim = start["pid"]
+    runner, queue, slow, rest, procs, victim = _a_slow_grouped_job_running(cli, make_queue)
     assert queue.cancel(slow, "operator stop").outcome == "abort_requested"
     os.kill(victim, signal.SIGKILL)
     procs[victim].wait(10)
