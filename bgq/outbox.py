@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from sqlalchemy import event
@@ -122,7 +122,7 @@ def _outbox(target: Session | Connection, send: Send) -> _Outbox:
                 items, box.items = box.items, []
                 outer = _outbox(bind, box.send)
                 scope = outer.current_scope()
-                outer.items.extend(Pending(i.job_id, i.queue, i.priority, i.delay_ms, scope) for i in items)
+                outer.items.extend(replace(i, scope=scope) for i in items)
                 return
             box.flush()
 
@@ -164,12 +164,7 @@ def _outbox(target: Session | Connection, send: Send) -> _Outbox:
                 released = tuple(box.savepoints)
                 box.savepoints.pop()
                 parent = tuple(box.savepoints)
-                box.items = [
-                    Pending(i.job_id, i.queue, i.priority, i.delay_ms, parent)
-                    if _inside(i.scope, released)
-                    else i
-                    for i in box.items
-                ]
+                box.items = [replace(i, scope=parent) if _inside(i.scope, released) else i for i in box.items]
 
         def rollback(conn: Connection) -> None:
             box.savepoints.clear()
