@@ -12,16 +12,13 @@ from .errors import ConfigError, JobNotFoundError, PublishError
 from .model import Cancelled, JobRef, Pause, WorkerRow
 from .sender import Sender
 from .store import Store
-from .validate import MAX_TEXT, check_text
-
-#: The largest job id: ids are BIGINTs, from 1.
-MAX_JOB_ID = 2**63 - 1
+from .validate import MAX_BIGINT, MAX_TEXT, check_text
 
 
 def check_job_id(job_id: int) -> None:
     """Raise the procedures' JobNotFoundError for an id no job can have: the database would
     refuse one outside the BIGINT range as an error (MySQL: out of range) instead of finding nothing."""
-    if isinstance(job_id, int) and not 1 <= job_id <= MAX_JOB_ID:
+    if isinstance(job_id, int) and not 1 <= job_id <= MAX_BIGINT:  # ids are BIGINTs from 1
         raise JobNotFoundError("bgq: no such job")
 
 

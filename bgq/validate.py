@@ -12,6 +12,7 @@ from .model import Mode, NewJob
 
 MAX_TEXT = 255  # VARCHAR(255): serial_group, identifier
 _MAX_INT32 = 2**31 - 1
+MAX_BIGINT = 2**63 - 1  # BIGINT columns: ids, coalesce_threshold
 
 
 def new_job(
@@ -57,7 +58,7 @@ def new_job(
     if coalesce_threshold is not None and (
         isinstance(coalesce_threshold, bool)
         or not isinstance(coalesce_threshold, int)
-        or not -(2**63) <= coalesce_threshold < 2**63  # the column is a BIGINT
+        or not -MAX_BIGINT - 1 <= coalesce_threshold <= MAX_BIGINT
     ):
         raise PublishError('Parameter "coalesce_threshold" must be a 64-bit integer.')
     postponed_by = None if postpone_by is None else _milliseconds(postpone_by)
