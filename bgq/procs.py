@@ -323,9 +323,10 @@ class Procs:
                 cursor = raw.cursor()
                 try:
                     cursor.execute(statement, args)
-                    if cursor.description is None:
+                    description = cursor.description  # psycopg builds it afresh on each read
+                    if description is None:
                         return []
-                    names = [column[0] for column in cursor.description]
+                    names = [column[0] for column in description]
                     return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
                 finally:
                     cursor.close()

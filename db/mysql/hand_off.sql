@@ -45,8 +45,8 @@
 -- Errors: 31002 / SQLSTATE BQ002 (nothing written) when p_group is NULL; those of
 --   {{ table }}_finish_results.
 -- Idempotent: no (a second call may claim the next head); a claimed job is never claimed again.
--- MySQL 8: SKIP LOCKED (8.0.1+) and JSON_TABLE (8.0.4+) are accepted by MariaDB 10.11 and
---   MySQL 8 alike.
+-- MySQL 8: SKIP LOCKED (8.0.1+), JSON_TABLE (8.0.4+) and JSON_VALUE (8.0.21+) are accepted by
+--   MariaDB 10.11 and MySQL 8 alike.
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
 CREATE PROCEDURE {{ table }}_hand_off(
     IN p_results LONGTEXT,
@@ -90,6 +90,7 @@ BEGIN
     DECLARE v_head_mode VARCHAR(16);
     DECLARE v_head_threshold BIGINT;
     DECLARE v_short INT DEFAULT 0;
+    DECLARE v_claimable INT DEFAULT 0;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
 
     IF p_group IS NULL THEN
@@ -97,108 +98,90 @@ BEGIN
             SET MYSQL_ERRNO = 31002, MESSAGE_TEXT = 'bgq: hand_off needs a group';
     END IF;
 
-    -- The short way (see Steps): one FINISHED result without a copy, of a job of p_group.
-    IF p_results IS NOT NULL AND JSON_TYPE(p_results) = 'ARRAY' AND JSON_LENGTH(p_results) = 1 THEN
+    -- The short way (see Steps): one FINISHED result without a copy, of a job of p_group. Read
+    -- with JSON_VALUE (cheaper than a JSON_TABLE for one object; a JSON null reads as NULL).
+    IF
+        p_results IS NOT NULL
+        AND JSON_TYPE(p_results) = 'ARRAY'
+        AND JSON_LENGTH(p_results) = 1
+        AND JSON_VALUE(p_results, '$[0].state') = 3
+        AND JSON_VALUE(p_results, '$[0].clone_delay_ms') IS NULL
+    THEN
+        -- The result, and the job's serial_group and mode (they never change: a plain read).
+        -- Nothing to wake (as {{ table }}_group_wake decides): no WAITING job, no waiting head
+        -- recorded. (JSON_VALUE's text is VARCHAR(512) on MySQL 8: the error is unquoted.)
         SELECT
-            r.id,
-            r.attempt,
-            r.state,
-            r.error,
-            r.postponed_by,
-            r.execution_time,
-            r.memory,
-            r.clone_delay_ms
+            j.id,
+            JSON_VALUE(p_results, '$[0].attempt') AS attempt,
+            IF(
+                JSON_TYPE(JSON_EXTRACT(p_results, '$[0].error')) = 'STRING',
+                JSON_UNQUOTE(JSON_EXTRACT(p_results, '$[0].error')),
+                NULL
+            ) AS error,
+            JSON_VALUE(p_results, '$[0].postponed_by') AS postponed_by,
+            JSON_VALUE(p_results, '$[0].execution_time') AS execution_time,
+            JSON_EXTRACT(p_results, '$[0].memory') AS memory,
+            j.serial_group,
+            j.mode,
+            EXISTS(
+                SELECT 1 FROM {{ table }} AS w
+                WHERE w.serial_group = p_group AND w.state = 6
+            ) AS waiting,
+            EXISTS(
+                SELECT 1 FROM {{ table }}_group AS g
+                WHERE g.serial_group = p_group AND g.waiting_head_id IS NOT NULL
+            ) AS recorded
         INTO
-        v_id, v_result_attempt, v_result_state, v_error, v_postponed_by, v_execution_time,
-        v_memory, v_clone_delay
-        FROM
-            JSON_TABLE(
-                p_results, '$[*]' COLUMNS (
-                    id BIGINT UNSIGNED PATH '$.id',
-                    attempt INT PATH '$.attempt',
-                    state INT PATH '$.state',
-                    error LONGTEXT PATH '$.error',
-                    postponed_by INT PATH '$.postponed_by',
-                    execution_time INT PATH '$.execution_time',
-                    memory JSON PATH '$.memory',
-                    clone_delay_ms INT PATH '$.clone_delay_ms'
-                )
-            ) AS r;
-        IF v_result_state = 3 AND v_clone_delay IS NULL THEN
-            -- serial_group and mode never change: a plain read.
-            SELECT
-                serial_group,
-                mode
-            INTO v_job_group, v_job_mode
-            FROM {{ table }}
-            WHERE id = v_id;
-        END IF;
+        v_id, v_result_attempt, v_error, v_postponed_by, v_execution_time, v_memory,
+        v_job_group, v_job_mode, v_waiting, v_recorded
+        FROM {{ table }} AS j
+        WHERE j.id = JSON_VALUE(p_results, '$[0].id');
     END IF;
-    IF v_job_group = p_group AND v_job_mode IN ('normal', 'unique') THEN
+    IF v_job_group = p_group AND v_job_mode IN ('normal', 'unique') AND v_waiting = 0 AND v_recorded = 0 THEN
+        SET v_short = 1;
         INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (p_group, v_now)
         ON DUPLICATE KEY UPDATE updated_at = v_now;
-        -- As {{ table }}_group_wake decides there is nothing to wake (plain reads).
-        SELECT COUNT(*) INTO v_waiting
-        FROM {{ table }}
-        WHERE serial_group = p_group AND state = 6;
-        SELECT COUNT(*) INTO v_recorded
-        FROM {{ table }}_group
-        WHERE serial_group = p_group AND waiting_head_id IS NOT NULL;
-        IF v_waiting = 0 AND v_recorded = 0 THEN
-            SET v_short = 1;
-            -- As {{ table }}_finish_results writes a FINISHED result (a JSON null memory: NULL).
-            UPDATE {{ table }}
-            SET
-                execution_time = v_execution_time,
-                memory = NULLIF(v_memory, 'null'),
-                finished_at = v_now,
-                error_message = v_error,
-                postponed_by = v_postponed_by,
-                updated_at = v_now,
-                state = 3
-            WHERE id = v_id AND state = 2 AND number_of_attempts = v_result_attempt;
-            SET v_written = IF(ROW_COUNT() > 0, JSON_ARRAY(JSON_OBJECT('id', v_id)), JSON_ARRAY());
-        END IF;
+        -- As {{ table }}_finish_results writes a FINISHED result (a JSON null memory: NULL).
+        UPDATE {{ table }}
+        SET
+            execution_time = v_execution_time,
+            memory = NULLIF(v_memory, 'null'),
+            finished_at = v_now,
+            error_message = v_error,
+            postponed_by = v_postponed_by,
+            updated_at = v_now,
+            state = 3
+        WHERE id = v_id AND state = 2 AND number_of_attempts = v_result_attempt;
+        SET v_written = IF(ROW_COUNT() > 0, JSON_ARRAY(JSON_OBJECT('id', v_id)), JSON_ARRAY());
     END IF;
 
     IF p_results IS NOT NULL AND v_short = 0 THEN
         CALL {{ table }}_finish_results(p_results, v_now, v_written);
     END IF;
 
-    -- The group's head, if it is claimable here (one index dive).
-    SELECT h.id INTO v_head
-    FROM (
-        SELECT
-            id,
-            priority,
-            state,
-            queue,
-            serial_group,
-            created_at,
-            last_attempt_at,
-            postponed_by,
-            processed_by_broker
-        FROM {{ table }}
-        WHERE pending_group = p_group
-        ORDER BY priority, id
-        LIMIT 1
-    ) AS h
-    WHERE
+    -- The group's head (one index dive), kept if it is claimable here; its state, mode and
+    -- threshold for the short way's claim.
+    SELECT
+        h.id,
+        h.state,
+        h.mode,
+        h.coalesce_threshold,
         h.state IN (1, 4, 6, 8)
         AND h.priority BETWEEN v_min AND v_max
         AND {{ in_queue('h') }}
-        AND {{ due('h') }}
-        AND {{ no_job_running('p_group', 'x') }};
+        AND {{ due('h') | indent(8) }}
+        AND {{ no_job_running('p_group', 'x') }}
+    INTO v_head, v_head_state, v_head_mode, v_head_threshold, v_claimable
+    FROM {{ table }} AS h
+    WHERE h.pending_group = p_group
+    ORDER BY h.priority, h.id
+    LIMIT 1;
+    IF NOT v_claimable THEN
+        SET v_head = NULL;
+    END IF;
 
     IF v_short = 1 AND v_head IS NOT NULL THEN
         -- The short way's claim, when the head needs nothing of {{ table }}_claim_job's.
-        SELECT
-            state,
-            mode,
-            coalesce_threshold
-        INTO v_head_state, v_head_mode, v_head_threshold
-        FROM {{ table }}
-        WHERE id = v_head;
         IF v_head_state IN (1, 4, 8) AND v_head_mode = 'normal' AND v_head_threshold IS NULL THEN
             -- The same columns as {{ table }}_claim_job writes; the group row is locked already.
             UPDATE {{ table }}
