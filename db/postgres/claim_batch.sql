@@ -38,8 +38,11 @@
 --   postponed_by, error_message and metadata cleared). So is a NORMAL group head without a
 --   coalescing threshold, not WAITING, once its group row is locked, when it is still the
 --   group's head, in the queue and not paused, and no job of the group is PROCESSING: what
---   {{ table }}_claim_job would check and write (the short way). Any other group head, or a
---   UNIQUE job, goes through {{ table }}_claim_job, which re-checks it under the group lock
+--   {{ table }}_claim_job would check and write (the short way). The short way takes the first
+--   heads at once: the group rows of up to n heads among the first p_limit candidates are locked
+--   in one statement and their claimable heads claimed by one UPDATE; every other candidate is
+--   tried one at a time, in order. Any other group head, or a UNIQUE job, goes through
+--   {{ table }}_claim_job, which re-checks it under the group lock
 --   (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs are returned.
 -- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
 --   UPDATE SKIP LOCKED too: a head whose group row another transaction holds (a claim or a
@@ -96,6 +99,9 @@ DECLARE
     v_hgroups VARCHAR[];
     v_hmodes VARCHAR[];
     v_locked BOOLEAN;
+    v_pre_groups VARCHAR[];
+    v_pre BIGINT[];
+    v_ungrouped_left INTEGER;
     c RECORD;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
@@ -200,8 +206,9 @@ BEGIN
     SELECT
         ARRAY_AGG(c.id ORDER BY c.priority, c.id),
         ARRAY_AGG(c.serial_group ORDER BY c.priority, c.id),
-        ARRAY_AGG(c.mode ORDER BY c.priority, c.id)
-    INTO v_ids, v_groups, v_modes
+        ARRAY_AGG(c.mode ORDER BY c.priority, c.id),
+        COUNT(*) FILTER (WHERE c.serial_group IS NULL)
+    INTO v_ids, v_groups, v_modes, v_ungrouped_left
     FROM (
         SELECT f.id, f.priority, NULL::VARCHAR AS serial_group, f.mode
         FROM (
@@ -222,11 +229,61 @@ BEGIN
         FROM UNNEST(v_hids, v_hpriorities, v_hgroups, v_hmodes) AS u (id, priority, serial_group, mode)
     ) AS c;
 
+    -- The short way for the first heads, as one statement (see Steps): of the first p_limit
+    -- candidates, the group rows of up to v_head_limit heads are locked without waiting (a row
+    -- another transaction holds is skipped), and the heads of the locked groups that the short
+    -- way may claim are claimed by one UPDATE, under those locks. Each ranks among the first
+    -- p_limit candidates: counted as claimed from the start, they never keep the loop below
+    -- from reaching a candidate ranked before them. The loop takes every other candidate one at
+    -- a time, and ends once no candidate left could be claimed.
+    SELECT ARRAY_AGG(l.serial_group) INTO v_pre_groups
+    FROM (
+        SELECT g.serial_group
+        FROM {{ table }}_group AS g
+        WHERE g.serial_group IN (
+            SELECT u.serial_group
+            FROM UNNEST(v_groups[1:p_limit]) WITH ORDINALITY AS u (serial_group, o)
+            WHERE u.serial_group IS NOT NULL
+            ORDER BY u.o
+            LIMIT v_head_limit
+        )
+        FOR UPDATE SKIP LOCKED
+    ) AS l;
+    IF v_pre_groups IS NOT NULL THEN
+        WITH pre AS (
+            UPDATE {{ table }} AS j
+            SET {{ claim_write() | indent(16) }}
+            FROM
+                UNNEST(v_ids[1:p_limit], v_groups[1:p_limit], v_modes[1:p_limit])
+                    AS u (id, serial_group, mode)
+            WHERE
+                u.serial_group = ANY(v_pre_groups)
+                AND u.mode = 'normal'
+                AND j.id = u.id
+                AND j.state IN (1, 4, 8)
+                AND j.coalesce_threshold IS NULL
+                AND {{ in_queue('j') | indent(16) }}
+                AND {{ not_paused('j') | indent(16) }}
+                AND j.id = {{ group_head_id('u.serial_group') | indent(16) }}
+                AND {{ no_job_running('u.serial_group') }}
+            RETURNING j.id
+        )
+
+        SELECT ARRAY_AGG(pre.id) INTO v_pre FROM pre;
+    END IF;
+    v_claimed := COALESCE(v_pre, '{}');
+    v_heads := COALESCE(ARRAY_LENGTH(v_claimed, 1), 0);
+
     -- One candidate at a time, in (priority, id) order, until p_limit are claimed. A group's row
     -- is locked without waiting: one that another transaction holds (a claim or a finish in
     -- progress) is skipped, so concurrent batch claims never wait for or deadlock on each other.
     FOR i IN 1 .. COALESCE(ARRAY_LENGTH(v_ids, 1), 0) LOOP
-        EXIT WHEN COALESCE(ARRAY_LENGTH(v_claimed, 1), 0) >= p_limit;
+        EXIT WHEN
+            COALESCE(ARRAY_LENGTH(v_claimed, 1), 0) >= p_limit
+            OR (v_ungrouped_left = 0 AND v_heads >= v_head_limit);
+        IF v_groups[i] IS NULL THEN
+            v_ungrouped_left := v_ungrouped_left - 1;
+        END IF;
         IF v_groups[i] IS NULL AND v_modes[i] <> 'unique' THEN
             -- The same columns as {{ table }}_claim_job writes; the row is locked already.
             UPDATE {{ table }} AS j
@@ -237,6 +294,7 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
+        CONTINUE WHEN v_groups[i] IS NOT NULL AND v_ids[i] = ANY(v_pre);  -- claimed above
         IF v_groups[i] IS NOT NULL THEN
             CONTINUE WHEN v_heads >= v_head_limit;
             PERFORM 1 FROM {{ table }}_group AS g
