@@ -56,6 +56,7 @@ class Done:
     job: Claimed
     outcome: Outcome | None  # None: given back unstarted
     clone_delay_ms: int | None = None  # RECURRING, WaitingException: the copy's delay
+    keep: bool = False  # `bgq work`: claim the job's group's next head with the result (a hand-off)
 
 
 Log = logging.Logger | logging.LoggerAdapter[logging.Logger]
@@ -84,6 +85,7 @@ class Pipeline:
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
         self.writing = 0  # results the writer has taken and not yet written
+        self.writing_keeps = 0  # ... of which claim their group's next head
         self.writes = 0  # calls of `write` that have ended (written or not)
         self.closing = False
         self.writer = threading.Thread(target=self._writer, name=name, daemon=True)
@@ -115,6 +117,8 @@ class Pipeline:
         """Give back the held jobs, let the writer write everything and wait for it to end."""
         with self.lock:
             self.closing = True
+            for done in self.done:  # no group's next head is claimed any more
+                done.keep = False
             self.done.extend(Done(h.job, None) for h in self.held)
             self.held.clear()
             self.wake.notify_all()
@@ -127,6 +131,10 @@ class Pipeline:
         counts from `held_since`, by default now: a slow claim must not make its own jobs stale
         on arrival."""
         with self.lock:
+            if self.closing:  # a hand-off that ended after close(): give its jobs back at once
+                self.done.extend(Done(job, None) for job in jobs)
+                self.wake.notify_all()
+                return
             since = time.monotonic() if held_since is None else held_since
             self.held.extend(Held(job, claimed_at, since) for job in jobs)
 
@@ -148,6 +156,32 @@ class Pipeline:
         with self.lock:
             self.done.append(done)
             self.wake.notify_all()
+
+    def take(self) -> list[Done]:
+        """The results handed over that the writer has not taken yet, for the caller to write
+        itself (it then writes them before anything it hands over later)."""
+        with self.lock:
+            batch, self.done = self.done, []
+            return batch
+
+    def writer_idle(self) -> bool:
+        """Whether the writer is between writes (nothing taken and not yet written)."""
+        with self.lock:
+            return not self.writing
+
+    def ahead(self) -> tuple[int, int]:
+        """(Claimed jobs waiting their turn, results handed over that claim their group's next
+        head: jobs held once they are written), read together: a hand-off that ends meanwhile
+        moves a job from the second count to the first, never out of both."""
+        with self.lock:
+            return len(self.held), sum(d.keep for d in self.done) + self.writing_keeps
+
+    def groups(self) -> int:
+        """How many serial groups the jobs held and the results that claim their group's next
+        head belong to: the groups a `bgq work` worker keeps (each has one such job at most)."""
+        with self.lock:
+            held = sum(h.job.claim.serial_group is not None for h in self.held)
+            return held + sum(d.keep for d in self.done) + self.writing_keeps
 
     def flush(self, wait: float) -> int:
         """Wait up to `wait` seconds for every result handed over so far to be written; return
@@ -181,6 +215,7 @@ class Pipeline:
                     self._release_stale()
                     batch, self.done = self.done, []
                     self.writing = len(batch)
+                    self.writing_keeps = sum(d.keep for d in batch)
                     closing = self.closing
                 if batch:
                     try:
@@ -192,7 +227,7 @@ class Pipeline:
                         self.log.critical("bgq: Writing results failed; going on.", exc_info=exc)
                     finally:
                         with self.lock:
-                            self.writing = 0
+                            self.writing = self.writing_keeps = 0
                             self.writes += 1
                             self.wake.notify_all()
                 elif closing:

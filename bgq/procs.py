@@ -85,7 +85,7 @@ HAND_OFF = Proc(
     "hand_off",
     (
         ("p_results", "text"),
-        ("p_group", "varchar"),
+        ("p_groups", "text"),
         ("p_queue", "varchar"),
         ("p_pid", "integer"),
         ("p_min_priority", "integer"),
@@ -282,6 +282,9 @@ class Procs:
         self._insert_sql_clocked = _insert_sql(table, "%s", self._returning)
         self._insert_many_sql = _insert_many_sql(table, now)
         self._insert_many_sql_clocked = _insert_many_sql(table, "%s::timestamptz")
+        # _call_raw's statements and their result columns, by procedure (built on first use).
+        self._statements: dict[str, str] = {}
+        self._columns: dict[str, list[str]] = {}
 
     def _clocked(self, proc: Proc, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """`args` with the configured clock's time in a p_now left None (no clock: as given)."""
@@ -313,7 +316,9 @@ class Procs:
         if len(args) != len(proc.params):
             raise TypeError(f"{proc.name} takes {len(proc.params)} arguments, got {len(args)}")
         driver_error: type[Exception] = self.db.engine.dialect.loaded_dbapi.Error
-        statement = self.db.dialect.call_sql(self.table, proc)
+        statement = self._statements.get(proc.name)
+        if statement is None:
+            statement = self._statements[proc.name] = self.db.dialect.call_sql(self.table, proc)
         raw: Any = conn.connection.driver_connection
         single = alone and self.db.dialect.name == "postgres" and raw.info.transaction_status == _PG_IDLE
         try:
@@ -323,10 +328,14 @@ class Procs:
                 cursor = raw.cursor()
                 try:
                     cursor.execute(statement, args)
-                    description = cursor.description  # psycopg builds it afresh on each read
-                    if description is None:
-                        return []
-                    names = [column[0] for column in description]
+                    # A procedure's columns never change: read once (psycopg builds its
+                    # description afresh, column by column, on each read).
+                    names = self._columns.get(proc.name)
+                    if names is None:
+                        description = cursor.description
+                        if description is None:
+                            return []
+                        names = self._columns[proc.name] = [column[0] for column in description]
                     return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
                 finally:
                     cursor.close()
@@ -394,19 +403,22 @@ class Procs:
         return [_claimed(r) for r in rows]
 
     def hand_off(
-        self, conn: Connection, results: Sequence[JobResult], group: str, queue: str, pid: int,
-        min_priority: int | None, max_priority: int | None, waiting_ms: int,
+        self, conn: Connection, results: Sequence[JobResult], groups: Sequence[str] | None, queue: str,
+        pid: int, min_priority: int | None, max_priority: int | None, waiting_ms: int,
         now: dt.datetime | None = None, *, worker_id: int | None = None, alone: bool = False,
     ) -> tuple[dict[int, bool], list[Claimed]]:  # fmt: skip
-        """Write `results` (as finish_batch), then claim `group`'s next head, in one call:
-        ({job id: written}, [the head] or []). `alone`: nothing else runs in `conn`'s
-        transaction (see _call_raw)."""
+        """Write `results` (as finish_batch), then claim the next head of each of `groups`, in
+        one call: ({job id: written}, the heads claimed, in (priority, id) order). `alone`:
+        nothing else runs in `conn`'s transaction (see _call_raw)."""
+        if isinstance(groups, str):
+            raise TypeError("hand_off takes a sequence of groups, not one group's name")
         rows = self._call_raw(
-            conn, HAND_OFF, _results_json(results), group, queue, pid, min_priority, max_priority,
-            waiting_ms, worker_id, now, alone=alone,
+            conn, HAND_OFF, _results_json(results), None if groups is None else json.dumps(list(groups)),
+            queue, pid, min_priority, max_priority, waiting_ms, worker_id, now, alone=alone,
         )  # fmt: skip
         written = {int(r["id"]): bool(r["finished"]) for r in rows if r["finished"] is not None}
-        return written, [_claimed(r) for r in rows if r["finished"] is None]
+        heads = sorted((r for r in rows if r["finished"] is None), key=lambda r: (r["priority"], r["id"]))
+        return written, [_claimed(r) for r in heads]
 
     def finish_batch(
         self, conn: Connection, results: Sequence[JobResult], now: dt.datetime | None = None

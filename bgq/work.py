@@ -8,20 +8,21 @@ give-backs, backpressure):
   and heads of up to HEADS_MAX idle groups, in (priority, id) order). `size` adapts to how long
   jobs take, so that one claim holds about BATCH_BUDGET seconds of work (1 for slow jobs, up to
   `batch_max` for fast ones).
-- Every result reaches the table through `_write`, one call of one procedure that hands it to
-  `{table}_finish_results` (the one writer: fencing, the RECURRING / WaitingException copy,
-  the group's wake-up):
-  - a result goes to the writer thread, which writes whatever has accumulated with one
-    `{table}_finish_batch` while the main thread runs the next job (group commit): a result
-    waits for one commit, never for a batch to fill or for a slow job to end. Work spread over
-    many groups runs this way: a group is free for the next claim once its result is written,
-    and a claim that finds nothing while results are being written waits for them and claims
-    again;
-  - when a claim found one group's head and nothing else, that job's result is written at once
-    on the main thread by `{table}_hand_off`, which in the same transaction claims the group's
-    next head for this worker, which runs it next, and so on (the chain): a lone group's
-    successor waits for nothing. After CHAIN_MAX hand-offs (or CHAIN_SECONDS) in one group the
-    result is written by `{table}_finish_batch` instead and a full claim follows.
+- Every result reaches the table through `_write`, one call of `{table}_hand_off`, which writes
+  the results (fencing, the RECURRING / WaitingException copy, the group's wake-up, as
+  `{table}_finish_results` does) and, in the same transaction, claims the next head of each group
+  whose result is *kept*: the worker keeps the groups it claimed, so a group's next job is claimed
+  by the commit that records the previous one, and never waits for a claim:
+  - a result goes to the writer thread, which writes whatever has accumulated in one call while
+    the main thread runs the next job (group commit): a result waits for one commit, never for a
+    batch to fill or for a slow job to end. Work spread over many groups runs this way: the
+    heads the writer claims join the held jobs, so one commit writes several groups' results
+    and claims their next heads;
+  - when the main thread has nothing else to run and the writer is idle, it writes the result
+    itself (a lone group's chain: its successor waits for nothing but that commit);
+  - a group is kept while the worker has room for its next job (`size`, below) and for at most
+    CHAIN_MAX hand-offs (or CHAIN_SECONDS) in a row; then its result is written without a
+    hand-off and a full claim follows, so better-priority work elsewhere gets its turn.
 - A claimed job that has not started within pipeline.HOLD_SECONDS (and half of stalled_job_timeout) is
   given back (state READY, attempts restored) by the writer, so a slow job never holds others
   hostage and the reaper never finds a claimed-but-unstarted job.
@@ -60,8 +61,8 @@ BATCH_BUDGET = 0.05  # seconds of work one claim should hold
 POLL_SECONDS = 1.0  # longest idle wait between two claims (`bgq work --poll`)
 POLL_MIN = 0.005  # first idle wait on MySQL after work was found
 STOP_CHECK = 0.5  # an idle worker looks at its stop flag at least this often
-HEADS_MAX = 16  # group heads one claim takes at most (finding more costs the claim more, and
-# a worker holding every group's head leaves the other workers none until its results are written)
+HEADS_MAX = 50  # group heads one claim takes at most (finding more costs the claim more)
+GROUPS_MAX = 50  # groups one worker keeps at most: the others are left to the other workers
 CHAIN_MAX = 50  # hand-offs in one group before a full claim lets better-priority work in
 CHAIN_SECONDS = 1.0  # ... or this many seconds of hand-offs, whichever comes first
 EMPTY_CLAIMS = 2  # cron mode: claims in a row that found nothing before the run ends
@@ -144,9 +145,8 @@ class _Worker:
         self.deadline = deadline  # cron mode: claim nothing after this time.monotonic()
         self.ran = 0  # jobs whose callback ran (cron mode's limit counts these and the held ones)
         self.failed = False  # cron mode: the run ended on a database error
-        self.chain: tuple[str | None, int, float] = (None, 0, 0.0)  # group, hand-offs in a row, since
-        self.chaining = False  # the last claim found one group's head and nothing else: hand off
-        # (only a claim changes it: a chain's hand-offs hold at most that group's next head)
+        # The groups this worker keeps (main thread only): hand-offs in a row and since when.
+        self.kept: dict[str, tuple[int, float]] = {}
 
     # --- main thread ---
 
@@ -168,6 +168,7 @@ class _Worker:
         self.pipeline.start()
         idle = POLL_MIN
         empty = 0
+        futile = -1  # pipeline.writes when a claim beside pending hand-offs last found nothing
         try:
             while not self.stop.requested and not self.executor.should_die:
                 self.queue.scheduler.tick()  # fires due schedules, at most once a second
@@ -175,14 +176,29 @@ class _Worker:
                 if held is not None:
                     self._run(held)
                     continue
-                if self._spent():
-                    break
                 if not self.pipeline.caught_up():
                     continue
+                room, held_now, keeping = self._room()
+                if held_now:  # a hand-off ended meanwhile: run its jobs first
+                    continue
+                if keeping and (
+                    not room or self.pipeline.writes == futile or self.pipeline.groups() > GROUPS_MAX // 2
+                ):
+                    # Results being written claim their groups' next heads: wait for them when
+                    # they fill this worker's room, when the last claim found nothing more and
+                    # nothing was written since, or while the worker keeps more than half as
+                    # many groups as it may (fewer, larger claims).
+                    self.pipeline.flush(STOP_CHECK)
+                    continue
+                if not room:  # cron mode: its limit is reached, or its deadline passed
+                    break
                 writes = self.pipeline.writes  # writes ended before this claim began
                 try:
-                    if self._claim(self._size()):
+                    if self._claim(room):
                         idle, empty = POLL_MIN, 0
+                        continue
+                    if keeping:  # the kept groups' heads are on their way: wait for them
+                        futile = writes
                         continue
                 except BgqError as exc:  # the database is down: log it, wait, try again
                     self.log.critical(f"bgq: Claiming jobs failed. ({exc})")
@@ -211,16 +227,18 @@ class _Worker:
             if waker is not None:
                 waker.close()
 
-    def _remaining(self) -> int | None:
-        """How many more jobs this worker may claim (None: no bound); 0 past the deadline."""
+    def _room(self) -> tuple[int, int, int]:
+        """(How many more jobs this worker may take on now, how many it holds, how many of the
+        jobs it has taken on are still on their way): a claim's worth (`_size`) less the jobs
+        held and those the results being written will hand on (read together), and in cron
+        mode at most what its limit leaves; 0 past cron mode's deadline."""
+        held, keeping = self.pipeline.ahead()
+        room = self._size() - held - keeping
+        if self.limit is not None:
+            room = min(room, self.limit - self.ran - held - keeping)
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            return 0
-        if self.limit is None:
-            return None
-        return max(0, self.limit - self.ran - self.pipeline.holding())
-
-    def _spent(self) -> bool:
-        return self._remaining() == 0
+            room = 0
+        return max(0, room), held, keeping
 
     def _idle(self, waker: Waker | None, idle: float) -> Waker | None:
         """Wait for work until a waker says jobs were published, or for `idle` seconds (`poll`
@@ -249,15 +267,13 @@ class _Worker:
             return None
 
     def _size(self) -> int:
-        size = max(1, min(self.batch_max, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))
-        remaining = self._remaining()
-        return size if remaining is None else max(1, min(size, remaining))
+        """A claim's worth of jobs: about BATCH_BUDGET seconds of work, 1 to `batch_max`."""
+        return max(1, min(self.batch_max, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))
 
     def _claim(self, size: int) -> int:
         """Claim up to `size` jobs and queue them; how many. Among them heads of up to HEADS_MAX
-        idle groups: their results are written together by the writer like any others, so work
-        spread over many groups runs in batches. Only a claim that finds one group's head and
-        nothing else starts a chain of hand-offs in that group (`_run`)."""
+        idle groups, which this worker then keeps: each result of one is written with the
+        group's next head claimed (`_run`, `_write`)."""
         started = time.monotonic()
         procs, waiting_ms = self.store.procs, self.queue.config.waiting_job_expiration
         jobs = self.executor.retrying(
@@ -269,12 +285,14 @@ class _Worker:
                 self.low,
                 self.high,
                 waiting_ms,
-                max_heads=min(size, HEADS_MAX),
+                max_heads=max(0, min(size, HEADS_MAX, GROUPS_MAX - self.pipeline.groups())),
                 worker_id=self.executor.worker_id,
                 alone=True,
             )
         )
-        self.chaining = len(jobs) == 1 and jobs[0].claim.serial_group is not None
+        for job in jobs:  # a group taken by a claim starts a new run of hand-offs
+            if job.claim.serial_group is not None:
+                self.kept.pop(job.claim.serial_group, None)
         self.pipeline.hold(jobs, started)  # behind the jobs held before them
         return len(jobs)
 
@@ -292,47 +310,55 @@ class _Worker:
         finally:
             executor.heartbeat.stop()
         self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - started)
-        done = Done(job, outcome, executor.clone_delay(job.claim, outcome))
         group = job.claim.serial_group
-        if group is None or not self.chaining or self._spent():
-            self.pipeline.put(done)  # the writer writes it with the others (nothing to claim: too)
-        elif self._rotate(group):  # written now, so that the full claim next may take the group too
-            self._write([done])
-        else:  # the hand-off: the group's next head runs next
-            claimed_at = time.monotonic()
-            self.pipeline.hold(self._write([done], group), claimed_at)
+        keep = group is not None and not outcome.die and self._keep(group)
+        done = Done(job, outcome, executor.clone_delay(job.claim, outcome), keep)
+        if group is not None and self.pipeline.holding() == 0 and self.pipeline.writer_idle():
+            # Nothing else to run and the writer idle: write here, so the group's next job
+            # starts (or the claim that follows finds the group free) as soon as this result is
+            # committed (a lone group's chain).
+            try:
+                self._write([*self.pipeline.take(), done])
+            except Exception as exc:  # as on the writer thread: the worker goes on
+                self.log.critical("bgq: Writing results failed; going on.", exc_info=exc)
+        else:
+            self.pipeline.put(done)  # the writer writes it with the others
         if outcome.die:
             executor.should_die = True
 
-    def _rotate(self, group: str) -> bool:
-        """Whether this grouped result ends the worker's chain of hand-offs in the group: after
-        CHAIN_MAX hand-offs (or CHAIN_SECONDS) in one group, a full claim follows instead, so
-        ungrouped jobs and other groups' heads of a better priority are not held up by one long
-        group."""
+    def _keep(self, group: str) -> bool:
+        """Whether this worker claims `group`'s next head with the result it just ran (a
+        hand-off): while it has room for the job (it holds fewer than one claim's worth, and
+        in cron mode may still run it), and for at most CHAIN_MAX hand-offs (or CHAIN_SECONDS)
+        in a row, after which the group is let go, so that ungrouped jobs and other groups'
+        heads of a better priority, and other workers, get their turn through a full claim."""
+        if not self._room()[0]:  # (this job's successor would be one more)
+            self.kept.pop(group, None)
+            return False
         now = time.monotonic()
-        chained, count, since = self.chain
-        if chained != group:
-            count, since = 0, now
-        rotate = count >= CHAIN_MAX or now - since >= CHAIN_SECONDS
-        self.chain = (group, 0, now) if rotate else (group, count + 1, since)
-        return rotate
+        count, since = self.kept.get(group, (0, now))
+        if count >= CHAIN_MAX or now - since >= CHAIN_SECONDS:
+            self.kept.pop(group, None)
+            return False
+        self.kept[group] = (count + 1, since)
+        return True
 
-    def _write(self, batch: list[Done], group: str | None = None) -> list[Claimed]:
+    def _write(self, batch: list[Done]) -> None:
         """The one way `bgq work` writes results (the pipeline's write function on the writer
-        thread; on the main thread for a hand-off): `{table}_finish_batch`, or with `group`
-        `{table}_hand_off`, which writes them the same way and then claims the group's next head
-        for this worker in the same transaction. Logs what each written result calls for;
-        returns the claimed head ([] without `group`, or when nothing was claimable)."""
+        thread; on the main thread for a lone group's hand-off): `{table}_hand_off`, which writes
+        them and, in the same transaction, claims the next head of each group whose result is
+        kept (`Done.keep`); the heads claimed are held to run next. Logs what each written
+        result calls for."""
         executor, procs, cfg = self.executor, self.store.procs, self.queue.config
         results = [result(d) for d in batch]
+        closing = self.pipeline.closing  # no head is claimed once the worker stops
+        groups = sorted({g for d in batch if d.keep and not closing and (g := d.job.claim.serial_group)})
 
         def write(conn: Connection) -> tuple[dict[int, bool], list[Claimed]]:
-            if group is None:
-                return procs.finish_batch(conn, results), []
             return procs.hand_off(
                 conn,
                 results,
-                group,
+                groups,
                 self.base,
                 self.pid,
                 self.low,
@@ -342,10 +368,11 @@ class _Worker:
                 alone=True,
             )
 
+        claimed_at = time.monotonic()
         done = executor.persist(write, failure(batch))
         if done is None:
-            return []  # the jobs stay PROCESSING; the reaper gives them back after stalled_job_timeout
-        written, successor = done
+            return  # the jobs stay PROCESSING; the reaper gives them back after stalled_job_timeout
+        written, successors = done
+        self.pipeline.hold(successors, claimed_at)
         for d in batch:
             follow_up(executor, self.log, d, batch_answer(written, d.job.id))
-        return successor

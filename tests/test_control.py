@@ -70,7 +70,7 @@ def test_a_paused_queue_is_claimed_in_no_mode(make_queue, installed, unpause):
     procs = queue.procs
     with queue.database.transaction() as conn:  # bgq work / cron mode's batch claim
         assert procs.claim_batch(conn, sub, 10, 1, None, None, 1000) == []
-        assert procs.hand_off(conn, [], "pg", sub, 1, None, None, 1000) == ({}, [])  # the hand-off
+        assert procs.hand_off(conn, [], ["pg"], sub, 1, None, None, 1000) == ({}, [])  # the hand-off
         assert procs.due_jobs(conn, sub, False, 10) == []  # cron mode's broker-less scan
         assert procs.due_jobs(conn, sub, True, 10) == []  # broker mode's scan
     for job in (plain, grouped):  # claim by id: broker mode's consumer, cron's broker pass

@@ -91,7 +91,7 @@ def test_a_session_frozen_in_the_hand_off_stalls_others_within_the_bound(make_qu
     procs = Procs(holder, installed.table)
     try:
         with holder.transaction() as conn:
-            _, (head,) = procs.hand_off(conn, [], "gf", "general", PID, None, None, 1000)
+            _, (head,) = procs.hand_off(conn, [], ["gf"], "general", PID, None, None, 1000)
         assert head.id == frozen["gf-0"]["id"]
 
         runner = cli()
@@ -104,7 +104,7 @@ def test_a_session_frozen_in_the_hand_off_stalls_others_within_the_bound(make_qu
         conn.begin()
         written, successor = procs.hand_off(
             conn, [JobResult(head.id, head.claim.attempt or 0, int(JobState.FINISHED))],
-            "gf", "general", PID, None, None, 1000,
+            ["gf"], "general", PID, None, None, 1000,
         )  # fmt: skip
         assert written == {head.id: True} and [j.id for j in successor] == [frozen["gf-1"]["id"]]
         held_at = time.time()
@@ -138,7 +138,7 @@ def test_a_session_frozen_in_the_hand_off_stalls_others_within_the_bound(make_qu
         assert [r.id for r in reaped] == [head.id]
         installed.sql("UPDATE {t} SET postponed_by = 0 WHERE id = %s", (head.id,))
         with holder.transaction() as again:
-            _, (taken,) = procs.hand_off(again, [], "gf", "general", PID + 1, None, None, 1000)
+            _, (taken,) = procs.hand_off(again, [], ["gf"], "general", PID + 1, None, None, 1000)
         assert taken.id == head.id and taken.claim.attempt == (head.claim.attempt or 0) + 1
         with holder.transaction() as again:
             late = procs.finish_batch(again, [JobResult(head.id, head.claim.attempt or 0, 3)])

@@ -172,20 +172,15 @@ def test_every_job_runs_once_and_ends_finished(make_queue, installed, workers):
 
 
 @pytest.mark.parametrize(
-    ("grouped", "heads", "writer"),
-    [
-        (False, bgq.work.HEADS_MAX, "finish_batch"),
-        (True, 1, "hand_off"),
-        (True, bgq.work.HEADS_MAX, "finish_batch"),
-    ],
+    ("grouped", "heads"),
+    [(False, bgq.work.HEADS_MAX), (True, 1), (True, bgq.work.HEADS_MAX)],
     ids=["ungrouped", "grouped-chain", "grouped-batch"],
 )
-def test_outcomes_as_in_process_job(
-    make_queue, installed, workers, caplog, grouped, heads, writer, monkeypatch
-):
-    """The written results of the batch path (ungrouped, and heads of several groups claimed
-    together) and of the hand-off path (a claim that finds one group's head alone), each result
-    written once, by finish_batch or hand_off (RECURRING and WaitingException included)."""
+def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grouped, heads, monkeypatch):
+    """The written results of ungrouped jobs, of a lone group's chain (one head at a time, handed
+    on by the main thread) and of several groups kept together (their results written and their
+    next heads claimed by the writer), each result written once, by hand_off, the one write path
+    of `bgq work` (RECURRING and WaitingException included)."""
     monkeypatch.setattr(bgq.work, "HEADS_MAX", heads)
     if grouped and heads > 1:  # every claim takes several heads from the first (not 1: a slow start)
         monkeypatch.setattr(bgq.work._Worker, "_size", lambda self: bgq.work.BATCH_MAX)
@@ -254,7 +249,7 @@ def test_outcomes_as_in_process_job(
         assert worker.finish() == 0
 
     written = {ids[n] for n in ("temp", "runtime", "perm", "skip", "wait", "recur", "ok", "uniq1", "gone")}
-    assert sorted(writes) == sorted((writer, i) for i in written)
+    assert sorted(writes) == sorted(("hand_off", i) for i in written)
     rows = _rows(installed)
     assert calls == Counter(
         {"temp": 1, "runtime": 1, "perm": 1, "skip": 1, "wait": 1, "recur": 1, "uniq": 1, "ok": 1}
@@ -379,23 +374,29 @@ def test_grouped_jobs_run_in_priority_order_without_overlap(make_queue, installe
         assert [r[0] for r in mine] == expected, f"{group} did not run in (priority, id) order"
 
 
-def test_a_worker_claims_several_groups_heads_and_claims_again_once_their_results_are_written(
+def test_a_worker_keeps_several_groups_and_hands_each_on_with_its_result(
     make_queue, installed, workers, monkeypatch
 ):
-    """Work spread over many groups: one claim takes heads of several groups, their results are
-    written together by the writer, and a claim that finds every group busy with this worker's
-    own unwritten results waits for them and claims again. It must not wait idle: nothing wakes
-    it (the jobs were published before it started), so each such wait cost a whole poll."""
+    """Work spread over many groups: a claim takes heads of several groups, and the worker keeps
+    them: one hand_off writes several groups' results and claims their next heads, so claims are
+    few, and every job of a group runs in order. It must not wait idle: nothing wakes it (the jobs
+    were published before it started), so each such wait cost a whole poll."""
     ran: list[int] = []
     queue = make_queue(callbacks={"rec": ran.append})
     ids = [queue.publish("rec", [n], serial_group=f"g{n % 20}") for n in range(600)]
     heads_per_claim: list[int] = []
-    real_claim = queue.procs.claim_batch
+    handed_on: list[int] = []
+    real_claim, real_hand_off = queue.procs.claim_batch, queue.procs.hand_off
 
     def claim(*args: Any, **kwargs: Any) -> Any:
         jobs = real_claim(*args, **kwargs)
         heads_per_claim.append(len({j.claim.serial_group for j in jobs}))
         return jobs
+
+    def hand_off(*args: Any, **kwargs: Any) -> Any:
+        written, heads = real_hand_off(*args, **kwargs)
+        handed_on.append(len(heads))
+        return written, heads
 
     left_when_idle: list[int] = []
     real_idle = bgq.work._Worker._idle
@@ -405,12 +406,17 @@ def test_a_worker_claims_several_groups_heads_and_claims_again_once_their_result
         return real_idle(self, waker, wait)
 
     monkeypatch.setattr(queue.procs, "claim_batch", claim)
+    monkeypatch.setattr(queue.procs, "hand_off", hand_off)
     monkeypatch.setattr(bgq.work._Worker, "_idle", idle)
     worker = workers(queue, poll=5.0)
     wait_until(lambda: len(ran) == len(ids), 30, "every job to run")
     assert worker.finish() == 0
     assert sorted(ran) == list(range(len(ids)))
-    assert max(heads_per_claim) == bgq.work.HEADS_MAX, heads_per_claim
+    for g in range(20):
+        assert [n for n in ran if n % 20 == g] == list(range(g, 600, 20)), f"g{g} ran out of order"
+    assert max(heads_per_claim) > 1, heads_per_claim
+    assert max(handed_on) > 1, "one hand-off claims several groups' next heads"
+    assert sum(handed_on) > 10 * len(heads_per_claim), (len(heads_per_claim), sum(handed_on))
     assert [n for n in left_when_idle if n > 0] == [], "idle waits while jobs were left"
 
 
@@ -844,15 +850,15 @@ def test_a_slow_writer_holds_back_the_claims_so_few_results_wait_unwritten(
     with queue.bulk():
         for _ in range(300):
             queue.publish("job")
-    finish_batch = queue.store.procs.finish_batch
+    hand_off = queue.store.procs.hand_off
 
-    def slow_finish_batch(conn, results, *args, **kwargs):
+    def slow_hand_off(conn, results, *args, **kwargs):
         time.sleep(0.05)
-        out = finish_batch(conn, results, *args, **kwargs)
+        out = hand_off(conn, results, *args, **kwargs)
         written[0] += len(results)
         return out
 
-    monkeypatch.setattr(queue.store.procs, "finish_batch", slow_finish_batch)
+    monkeypatch.setattr(queue.store.procs, "hand_off", slow_hand_off)
     worker = workers(queue, batch_max=10)
     wait_until(lambda: written[0] >= 300, 60, "every result written")
     worker.finish()
@@ -869,15 +875,15 @@ def test_an_exception_out_of_one_write_does_not_end_the_writer(
     thread used to die of it: no result was written any more.)"""
     queue = make_queue(callbacks={"noop": lambda: None})
     first = queue.publish("noop")
-    finish_batch, failed = queue.store.procs.finish_batch, []
+    hand_off, failed = queue.store.procs.hand_off, []
 
     def failing_once(conn, results, *args, **kwargs):
         if not failed:
             failed.extend(r.id for r in results)
             raise RuntimeError("one write failed")
-        return finish_batch(conn, results, *args, **kwargs)
+        return hand_off(conn, results, *args, **kwargs)
 
-    monkeypatch.setattr(queue.store.procs, "finish_batch", failing_once)
+    monkeypatch.setattr(queue.store.procs, "hand_off", failing_once)
     with caplog.at_level(logging.CRITICAL, logger="bgq"):
         worker = workers(queue)
         wait_until(lambda: failed, 15, "the first write")

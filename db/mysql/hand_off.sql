@@ -1,56 +1,69 @@
--- bgq {{ table }}_hand_off, version 2 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_hand_off, version 3 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
---   CALL {{ table }}_hand_off(p_results, p_group, p_queue, p_pid, p_min_priority, p_max_priority,
+--   CALL {{ table }}_hand_off(p_results, p_groups, p_queue, p_pid, p_min_priority, p_max_priority,
 --                             p_waiting_ms, p_worker_id, p_now)
---   A worker finishes a grouped job and claims the group's next head in one call and one
---   transaction: the group never stands idle between them, and no other worker takes it.
---   p_results       NULL, or the results to write first: the JSON of {{ table }}_finish_batch,
---                   written by {{ table }}_finish_results (its errors included).
---   p_group         the serial group whose head is claimed.
---   p_queue         the base queue: the head must be in it or in a sub-queue '<p_queue>_<sub>'.
+--   A worker writes its results and claims the next head of each of its groups in one call and
+--   one transaction: a group it hands on never stands idle between its job and the next, and no
+--   other worker takes it. `bgq work` writes every batch of results this way.
+--   p_results       NULL, or the results to write first: the JSON of {{ table }}_finish_batch.
+--   p_groups        JSON text: an array of serial group names (duplicates and nulls ignored),
+--                   the groups whose next head is claimed; [] claims nothing.
+--   p_queue         the base queue: a head must be in it or in a sub-queue '<p_queue>_<sub>'.
 --   p_pid           the worker's process id (stored for people).
---   p_min_priority, p_max_priority: the head's priority must lie in this range (NULL: no bound).
+--   p_min_priority, p_max_priority: a head's priority must lie in this range (NULL: no bound).
 --   p_waiting_ms    passed to {{ table }}_claim_job (a head that lost a race turns WAITING).
---   p_worker_id     stored in worker_id on the claimed job (NULL: none).
+--   p_worker_id     stored in worker_id on every claimed job (NULL: none).
 --   p_now           the clock (DATETIME(6), UTC); NULL means UTC_TIMESTAMP(6).
--- Result: first one row per p_results object, then at most one claimed job
---   id, attempt     the job and, for the claimed job, its claim token for {{ table }}_finish,
+-- Result: first one row per p_results object, then at most one claimed job per group (in no
+--   particular order)
+--   id, attempt     the job and, for a claimed job, its claim token for {{ table }}_finish,
 --                   {{ table }}_finish_batch or the next {{ table }}_hand_off.
 --   callback_name, parameters_json, parameters, queue, priority, serial_group, identifier,
 --   mode, coalesce_threshold: the claimed job as stored (NULL on the result rows).
---   finished        on a result row: 1 if written, 0 if fenced out; NULL on the claimed row.
--- Claimable: the group's head (first in (priority, id) among the group's unstarted jobs of
---   every queue and state -1, 1, 4, 6, 8, due or not; one index dive on
---   {{ table }}_pending_head) when it is READY, TEMPORARILY_FAILED, WAITING or BROKER_FAILED, due
---   (as in {{ table }}_due_jobs without a broker), of the queue and priority range, while no
---   job of the group is PROCESSING. Nothing else: order inside a group never bends.
--- Steps: {{ table }}_finish_results writes p_results (the group row locked, the jobs written,
---   copies inserted, the group woken); then the head is claimed through {{ table }}_claim_job,
---   which re-checks it under the group lock (predecessor, UNIQUE duplicate, coalescing) and
---   writes the claim (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id; postponed_by,
---   error_message and metadata cleared). Only a 'claimed' head is returned.
---   The common case takes a shorter way with the same effects: one FINISHED result without a
---   copy, of a NORMAL or UNIQUE job of p_group, in a group with no WAITING job and no waiting
---   head recorded (nothing to wake), whose next head is a NORMAL job without a coalescing
---   threshold, not WAITING: the group row is locked, the result written (fenced), and the head
---   claimed by one UPDATE under that lock (being the head in a group without a PROCESSING job
---   is what {{ table }}_claim_job's predecessor check asks). Anything else goes the long way.
--- Locks: those of {{ table }}_finish_results, then the group row FOR UPDATE SKIP LOCKED (held
---   already when p_results finished a job of the group): a group row another transaction holds
---   is not waited for, and nothing is claimed. Only a group that has no row yet gets it from
---   {{ table }}_claim_job, which waits at most 3 s for a concurrent first claim.
--- Fencing: each result is written only WHERE state = 2 AND number_of_attempts = attempt; the
+--   finished        on a result row: 1 if written, 0 if fenced out; NULL on a claimed row.
+-- Claimable: a group's head (first in (priority, id) among the group's unstarted jobs of every
+--   queue and state -1, 1, 4, 6, 8, due or not; one index dive on {{ table }}_pending_head)
+--   when it is READY, TEMPORARILY_FAILED, WAITING or BROKER_FAILED, due (as in
+--   {{ table }}_due_jobs without a broker), of the queue and priority range, while no job of
+--   the group is PROCESSING. Nothing else: order inside a group never bends.
+-- Steps: the results are written as {{ table }}_finish_results writes them, then the heads are
+--   claimed. Three ways, with the same effects:
+--   - the short way, a lone group's chain: one FINISHED result without a copy, of a NORMAL or
+--     UNIQUE job of the one group of p_groups: the group row locked (upsert), the job written
+--     (fenced), the group woken if it has a WAITING job or a recorded waiting head
+--     ({{ table }}_group_wake), and its head claimed, by plain statements;
+--   - the batch way, when every result is FINISHED without a copy and no job is RECURRING: the
+--     group rows of the results' groups locked (upserts, in serial_group order), the jobs
+--     written by one UPDATE (fenced), each group with a WAITING job or a recorded waiting head
+--     woken; then the group rows of p_groups locked without waiting, and the heads of the
+--     locked groups claimed together;
+--   - any other batch goes through {{ table }}_finish_results (its errors included), then the
+--     heads are claimed as in the batch way.
+--   A head is claimed under its group lock: a NORMAL head without a coalescing threshold, not
+--   WAITING, by an UPDATE of the columns {{ table }}_claim_job writes (PROCESSING, attempts + 1,
+--   last_attempt_at, pid, worker_id; postponed_by, error_message and metadata cleared; being
+--   the head in a group without a PROCESSING job is what its predecessor check asks); any other
+--   head, and the head of a group without a row yet, through {{ table }}_claim_job, which
+--   re-checks it under the group lock (predecessor, UNIQUE duplicate, coalescing). Only
+--   'claimed' heads are returned.
+-- Locks: the group rows of the results' groups (upserts, in serial_group order: a result waits
+--   for its group row), then the job rows, then the group rows of p_groups FOR UPDATE SKIP
+--   LOCKED (held already for a group whose job p_results finished): a group row another
+--   transaction holds is not waited for, and that group's head is left alone. Only a group that
+--   has no row yet gets it from {{ table }}_claim_job, which waits at most 3 s for a concurrent
+--   first claim.
+-- Fencing: each result is written only WHERE state = 2 AND number_of_attempts = attempt; each
 --   claim is conditional on a claimable state.
--- Errors: 31002 / SQLSTATE BQ002 (nothing written) when p_group is NULL; those of
+-- Errors: 31002 / SQLSTATE BQ002 (nothing written) when p_groups is not a JSON array; those of
 --   {{ table }}_finish_results.
--- Idempotent: no (a second call may claim the next head); a claimed job is never claimed again.
--- MySQL 8: SKIP LOCKED (8.0.1+), JSON_TABLE (8.0.4+) and JSON_VALUE (8.0.21+) are accepted by
+-- Idempotent: no (a second call may claim the next heads); a claimed job is never claimed again.
+-- MySQL 8: SKIP LOCKED (8.0.1+), JSON_TABLE (8.0.4+) and JSON_ARRAYAGG (8.0.14+) are accepted by
 --   MariaDB 10.11 and MySQL 8 alike.
--- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
+-- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT at READ COMMITTED.
 CREATE PROCEDURE {{ table }}_hand_off(
     IN p_results LONGTEXT,
-    IN p_group VARCHAR(255),
+    IN p_groups LONGTEXT,
     IN p_queue VARCHAR(255),
     IN p_pid INT,
     IN p_min_priority INT,
@@ -65,10 +78,9 @@ BEGIN
     DECLARE v_min INT DEFAULT COALESCE(p_min_priority, -2147483648);
     DECLARE v_max INT DEFAULT COALESCE(p_max_priority, 2147483647);
     DECLARE v_written LONGTEXT DEFAULT '[]';
+    DECLARE v_claimed LONGTEXT DEFAULT '[]';
+    DECLARE v_group VARCHAR(255) COLLATE utf8mb4_bin DEFAULT NULL;
     DECLARE v_head BIGINT UNSIGNED DEFAULT NULL;
-    DECLARE v_claimed BIGINT UNSIGNED DEFAULT NULL;
-    DECLARE v_locked INT DEFAULT 0;
-    DECLARE v_exists INT DEFAULT 0;
     DECLARE v_outcome VARCHAR(16);
     DECLARE v_attempt INT;
     DECLARE v_state SMALLINT;
@@ -76,42 +88,54 @@ BEGIN
     DECLARE v_promoted BIGINT UNSIGNED;
     DECLARE v_id BIGINT UNSIGNED DEFAULT NULL;
     DECLARE v_result_attempt INT;
-    DECLARE v_result_state INT;
     DECLARE v_error LONGTEXT;
     DECLARE v_postponed_by INT;
     DECLARE v_execution_time INT;
     DECLARE v_memory LONGTEXT;
-    DECLARE v_clone_delay INT;
-    DECLARE v_job_group VARCHAR(255) DEFAULT NULL;
+    DECLARE v_job_group VARCHAR(255) COLLATE utf8mb4_bin DEFAULT NULL;
     DECLARE v_job_mode VARCHAR(16) DEFAULT NULL;
     DECLARE v_waiting INT DEFAULT 0;
     DECLARE v_recorded INT DEFAULT 0;
-    DECLARE v_head_state SMALLINT;
-    DECLARE v_head_mode VARCHAR(16);
-    DECLARE v_head_threshold BIGINT;
     DECLARE v_short INT DEFAULT 0;
-    DECLARE v_claimable INT DEFAULT 0;
+    DECLARE v_i INT DEFAULT 0;
+    DECLARE v_count INT DEFAULT 0;
+    DECLARE v_plain INT DEFAULT 1;
+    DECLARE v_result_groups LONGTEXT;
+    DECLARE v_wake LONGTEXT;
+    DECLARE v_wanted INT DEFAULT 0;
+    DECLARE v_locked LONGTEXT;
+    DECLARE v_locked_count INT DEFAULT 0;
+    DECLARE v_long LONGTEXT;
+    DECLARE v_long_count INT DEFAULT 0;
+    DECLARE v_head_plain INT DEFAULT 0;
+    DECLARE v_head_claimable INT DEFAULT 0;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
 
-    IF p_group IS NULL THEN
+    IF p_groups IS NULL OR JSON_TYPE(p_groups) <> 'ARRAY' THEN
         SIGNAL SQLSTATE 'BQ002'
-            SET MYSQL_ERRNO = 31002, MESSAGE_TEXT = 'bgq: hand_off needs a group';
+            SET MYSQL_ERRNO = 31002, MESSAGE_TEXT = 'bgq: hand_off needs a JSON array of groups';
     END IF;
 
-    -- The short way (see Steps): one FINISHED result without a copy, of a job of p_group. Read
-    -- with JSON_VALUE (cheaper than a JSON_TABLE for one object; a JSON null reads as NULL).
+    -- The short way (see Steps) for the commonest call, a lone group's chain: one FINISHED
+    -- result without a copy, of a NORMAL or UNIQUE job of the one group of p_groups, which has
+    -- nothing to wake (no WAITING job, no waiting head recorded). Read with JSON_VALUE (cheaper
+    -- than a JSON_TABLE for one object; a JSON null reads as NULL).
     IF
-        p_results IS NOT NULL
+        JSON_LENGTH(p_groups) = 1
+        AND p_results IS NOT NULL
         AND JSON_TYPE(p_results) = 'ARRAY'
         AND JSON_LENGTH(p_results) = 1
         AND JSON_VALUE(p_results, '$[0].state') = 3
         AND JSON_VALUE(p_results, '$[0].clone_delay_ms') IS NULL
     THEN
+        SET v_group = JSON_VALUE(p_groups, '$[0]');
         -- The result, and the job's serial_group and mode (they never change: a plain read).
         -- Nothing to wake (as {{ table }}_group_wake decides): no WAITING job, no waiting head
         -- recorded. (JSON_VALUE's text is VARCHAR(512) on MySQL 8: the error is unquoted.)
         SELECT
             j.id,
+            j.serial_group,
+            j.mode,
             JSON_VALUE(p_results, '$[0].attempt') AS attempt,
             IF(
                 JSON_TYPE(JSON_EXTRACT(p_results, '$[0].error')) = 'STRING',
@@ -121,25 +145,23 @@ BEGIN
             JSON_VALUE(p_results, '$[0].postponed_by') AS postponed_by,
             JSON_VALUE(p_results, '$[0].execution_time') AS execution_time,
             JSON_EXTRACT(p_results, '$[0].memory') AS memory,
-            j.serial_group,
-            j.mode,
             EXISTS(
                 SELECT 1 FROM {{ table }} AS w
-                WHERE w.serial_group = p_group AND w.state = 6
+                WHERE w.serial_group = v_group AND w.state = 6
             ) AS waiting,
             EXISTS(
                 SELECT 1 FROM {{ table }}_group AS g
-                WHERE g.serial_group = p_group AND g.waiting_head_id IS NOT NULL
+                WHERE g.serial_group = v_group AND g.waiting_head_id IS NOT NULL
             ) AS recorded
         INTO
-        v_id, v_result_attempt, v_error, v_postponed_by, v_execution_time, v_memory,
-        v_job_group, v_job_mode, v_waiting, v_recorded
+        v_id, v_job_group, v_job_mode, v_result_attempt, v_error, v_postponed_by,
+        v_execution_time, v_memory, v_waiting, v_recorded
         FROM {{ table }} AS j
         WHERE j.id = JSON_VALUE(p_results, '$[0].id');
     END IF;
-    IF v_job_group = p_group AND v_job_mode IN ('normal', 'unique') AND v_waiting = 0 AND v_recorded = 0 THEN
+    IF v_job_group = v_group AND v_job_mode IN ('normal', 'unique') AND v_waiting = 0 AND v_recorded = 0 THEN
         SET v_short = 1;
-        INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (p_group, v_now)
+        INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (v_group, v_now)
         ON DUPLICATE KEY UPDATE updated_at = v_now;
         -- As {{ table }}_finish_results writes a FINISHED result (a JSON null memory: NULL).
         UPDATE {{ table }}
@@ -154,74 +176,227 @@ BEGIN
         WHERE id = v_id AND state = 2 AND number_of_attempts = v_result_attempt;
         SET v_written = IF(ROW_COUNT() > 0, JSON_ARRAY(JSON_OBJECT('id', v_id)), JSON_ARRAY());
     END IF;
-
     IF p_results IS NOT NULL AND v_short = 0 THEN
-        CALL {{ table }}_finish_results(p_results, v_now, v_written);
+        -- The batch way: how many results, whether every one is a plain FINISHED one (see
+        -- Steps), and their jobs' groups (a plain read, by primary key).
+        SELECT STRAIGHT_JOIN
+            COUNT(*) AS results,
+            COALESCE(
+                MIN(r.state = 3 AND r.clone_delay_ms IS NULL AND NOT (j.mode <=> 'recurring')), 1
+            ) AS plain,
+            JSON_ARRAYAGG(j.serial_group) AS result_groups
+        INTO v_count, v_plain, v_result_groups
+        FROM
+            JSON_TABLE(
+                p_results, '$[*]' COLUMNS (
+                    id BIGINT UNSIGNED PATH '$.id',
+                    state INT PATH '$.state',
+                    clone_delay_ms INT PATH '$.clone_delay_ms'
+                )
+            ) AS r
+        LEFT JOIN {{ table }} AS j ON j.id = r.id;
+        IF v_plain = 1 THEN
+            -- The results' group rows, in serial_group order (a result waits for its group row).
+            INSERT INTO {{ table }}_group (serial_group, updated_at)
+            SELECT DISTINCT
+                n.name,
+                v_now
+            FROM JSON_TABLE(v_result_groups, '$[*]' COLUMNS (name VARCHAR(255) PATH '$')) AS n
+            WHERE n.name IS NOT NULL
+            ORDER BY n.name
+            ON DUPLICATE KEY UPDATE updated_at = v_now;
+            -- The jobs to write, locked: still PROCESSING under the results' claims.
+            SELECT STRAIGHT_JOIN COALESCE(JSON_ARRAYAGG(JSON_OBJECT('id', j.id)), '[]') INTO v_written
+            FROM
+                JSON_TABLE(
+                    p_results, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.id', attempt INT PATH '$.attempt')
+                ) AS r
+            INNER JOIN {{ table }} AS j ON j.id = r.id
+            WHERE j.state = 2 AND j.number_of_attempts = r.attempt
+            FOR UPDATE;
+            -- As {{ table }}_finish_results writes a FINISHED result (a JSON null memory: NULL).
+            UPDATE
+                    JSON_TABLE(
+                        p_results, '$[*]' COLUMNS (
+                            id BIGINT UNSIGNED PATH '$.id',
+                            attempt INT PATH '$.attempt',
+                            error LONGTEXT PATH '$.error',
+                            postponed_by INT PATH '$.postponed_by',
+                            execution_time INT PATH '$.execution_time',
+                            memory JSON PATH '$.memory'
+                        )
+                    ) AS r
+                INNER JOIN {{ table }} AS j ON j.id = r.id
+            SET
+                j.execution_time = r.execution_time,
+                j.memory = NULLIF(r.memory, 'null'),
+                j.finished_at = v_now,
+                j.error_message = r.error,
+                j.postponed_by = r.postponed_by,
+                j.updated_at = v_now,
+                j.state = 3
+            WHERE j.state = 2 AND j.number_of_attempts = r.attempt;
+            -- The groups to wake (a WAITING job, or a recorded waiting head), each once.
+            SELECT STRAIGHT_JOIN JSON_ARRAYAGG(g.serial_group) INTO v_wake
+            FROM (
+                SELECT DISTINCT n.name
+                FROM JSON_TABLE(v_result_groups, '$[*]' COLUMNS (name VARCHAR(255) PATH '$')) AS n
+            ) AS n
+            INNER JOIN {{ table }}_group AS g ON g.serial_group = n.name COLLATE utf8mb4_bin
+            WHERE
+                g.waiting_head_id IS NOT NULL
+                OR EXISTS (
+                    SELECT 1 FROM {{ table }} AS w
+                    WHERE w.serial_group = g.serial_group AND w.state = 6
+                );
+            WHILE v_i < COALESCE(JSON_LENGTH(v_wake), 0) DO
+                SET v_group = JSON_VALUE(v_wake, CONCAT('$[', v_i, ']'));
+                CALL {{ table }}_group_wake(v_group, v_now, v_promoted);
+                SET v_i = v_i + 1;
+            END WHILE;
+        ELSE
+            CALL {{ table }}_finish_results(p_results, v_now, v_written);
+        END IF;
     END IF;
 
-    -- The group's head (one index dive), kept if it is claimable here; its state, mode and
-    -- threshold for the short way's claim.
-    SELECT
-        h.id,
-        h.state,
-        h.mode,
-        h.coalesce_threshold,
-        h.state IN (1, 4, 6, 8)
-        AND h.priority BETWEEN v_min AND v_max
-        AND {{ in_queue('h') }}
-        AND {{ due('h') | indent(8) }}
-        AND {{ no_job_running('p_group', 'x') }}
-    INTO v_head, v_head_state, v_head_mode, v_head_threshold, v_claimable
-    FROM {{ table }} AS h
-    WHERE h.pending_group = p_group
-    ORDER BY h.priority, h.id
-    LIMIT 1;
-    IF NOT v_claimable THEN
-        SET v_head = NULL;
-    END IF;
-
-    IF v_short = 1 AND v_head IS NOT NULL THEN
-        -- The short way's claim, when the head needs nothing of {{ table }}_claim_job's.
-        IF v_head_state IN (1, 4, 8) AND v_head_mode = 'normal' AND v_head_threshold IS NULL THEN
-            -- The same columns as {{ table }}_claim_job writes; the group row is locked already.
+    -- The group rows of p_groups without waiting: this transaction holds those of its results'
+    -- groups already; one another transaction holds is left alone, with its group's head. Each
+    -- group once.
+    IF v_short = 1 THEN
+        -- The lone group's head (one index dive), claimed at once when it is a plain one and
+        -- claimable here (the group row is locked already); any other head is kept for
+        -- {{ table }}_claim_job.
+        SELECT
+            h.id,
+            h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL AS plain,
+            (
+                h.state IN (1, 4, 6, 8)
+                AND h.priority BETWEEN v_min AND v_max
+                AND {{ in_queue('h') | indent(16) }}
+                AND {{ due('h') | indent(16) }}
+                AND {{ no_job_running('v_group', 'x') }}
+            ) AS claimable
+        INTO v_head, v_head_plain, v_head_claimable
+        FROM {{ table }} AS h
+        WHERE h.pending_group = v_group
+        ORDER BY h.priority, h.id
+        LIMIT 1;
+        IF v_head_claimable = 1 AND v_head_plain = 1 THEN
+            -- The same columns as {{ table }}_claim_job writes.
             UPDATE {{ table }}
             SET
                 {{ claim_write() | indent(16) }}
             WHERE id = v_head AND state IN (1, 4, 8);
-            IF ROW_COUNT() > 0 THEN
-                SET v_claimed = v_head;
-            END IF;
-            SET v_head = NULL;
+            SET v_claimed = IF(ROW_COUNT() > 0, JSON_ARRAY(JSON_OBJECT('claimed', v_head)), NULL);
+        ELSEIF v_head_claimable = 1 THEN
+            SET v_long = JSON_ARRAY(v_head), v_long_count = 1;
+        END IF;
+    ELSE
+        SELECT COUNT(DISTINCT n.name) INTO v_wanted
+        FROM JSON_TABLE(p_groups, '$[*]' COLUMNS (name VARCHAR(255) PATH '$')) AS n;
+        IF v_wanted > 0 THEN
+            SELECT STRAIGHT_JOIN
+                COUNT(*) AS locked_count,
+                JSON_ARRAYAGG(g.serial_group) AS locked
+            INTO v_locked_count, v_locked
+            FROM (
+                SELECT DISTINCT n.name
+                FROM JSON_TABLE(p_groups, '$[*]' COLUMNS (name VARCHAR(255) PATH '$')) AS n
+            ) AS n
+            INNER JOIN {{ table }}_group AS g ON g.serial_group = n.name COLLATE utf8mb4_bin
+            FOR UPDATE SKIP LOCKED;
         END IF;
     END IF;
-
-    IF v_head IS NOT NULL THEN
-        -- The group row without waiting: this transaction holds it already when p_results
-        -- finished a job of the group; one another transaction holds is there but not lockable,
-        -- and the head is left alone. SELECT ... INTO is a plain read.
-        SELECT COUNT(*) INTO v_locked
-        FROM {{ table }}_group
-        WHERE serial_group = p_group
-        FOR UPDATE SKIP LOCKED;
-        SELECT COUNT(*) INTO v_exists
-        FROM {{ table }}_group
-        WHERE serial_group = p_group;
-        IF v_locked > 0 OR v_exists = 0 THEN
+    IF v_locked_count > 0 THEN
+        -- Each locked group's head (one index dive each), if it is claimable here: the plain ones
+        -- are claimed at once, the others (WAITING, UNIQUE, RECURRING, coalescing) kept for
+        -- {{ table }}_claim_job.
+        SELECT STRAIGHT_JOIN
+            JSON_ARRAYAGG(IF(
+                h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL,
+                JSON_OBJECT('claimed', h.id),
+                NULL
+            )) AS plain,
+            JSON_ARRAYAGG(IF(
+                h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL, NULL, h.id
+            )) AS other,
+            SUM(NOT (h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL)) AS others
+        INTO v_claimed, v_long, v_long_count
+        FROM (
+            SELECT (
+                SELECT x.id FROM {{ table }} AS x
+                WHERE x.pending_group = l.name COLLATE utf8mb4_bin
+                ORDER BY x.priority, x.id
+                LIMIT 1
+            ) AS head_id
+            FROM JSON_TABLE(v_locked, '$[*]' COLUMNS (name VARCHAR(255) PATH '$')) AS l
+        ) AS d
+        INNER JOIN {{ table }} AS h ON h.id = d.head_id
+        WHERE
+            h.state IN (1, 4, 6, 8)
+            AND h.priority BETWEEN v_min AND v_max
+            AND {{ in_queue('h') }}
+            AND {{ due('h') | indent(12) }}
+            AND {{ no_job_running('h.serial_group', 'x') }};
+        IF v_claimed IS NOT NULL THEN
+            -- The same columns as {{ table }}_claim_job writes; the group rows are locked.
+            UPDATE
+                    JSON_TABLE(v_claimed, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.claimed')) AS c
+                INNER JOIN {{ table }} AS j ON j.id = c.id
+            SET
+                {{ claim_write('j') | indent(16) }}
+            WHERE j.state IN (1, 4, 8);
+        END IF;
+    END IF;
+    IF v_locked_count < v_wanted THEN
+        -- The heads of groups that have no row yet (never claimed, or cleared):
+        -- {{ table }}_claim_job creates the row, and may wait for a concurrent first claim.
+        SELECT
+            JSON_MERGE_PRESERVE(COALESCE(v_long, '[]'), COALESCE(JSON_ARRAYAGG(h.id), '[]')) AS heads,
+            COUNT(*) AS found
+        INTO v_long, v_i
+        FROM (
+            SELECT DISTINCT m.name
+            FROM JSON_TABLE(p_groups, '$[*]' COLUMNS (name VARCHAR(255) PATH '$')) AS m
+        ) AS n
+        LEFT JOIN {{ table }}_group AS r ON r.serial_group = n.name COLLATE utf8mb4_bin
+        INNER JOIN {{ table }} AS h
+            ON
+                h.id = (
+                    SELECT x.id FROM {{ table }} AS x
+                    WHERE x.pending_group = n.name COLLATE utf8mb4_bin
+                    ORDER BY x.priority, x.id
+                    LIMIT 1
+                )
+        WHERE
+            r.serial_group IS NULL
+            AND h.state IN (1, 4, 6, 8)
+            AND h.priority BETWEEN v_min AND v_max
+            AND {{ in_queue('h') }}
+            AND {{ due('h') | indent(12) }}
+            AND {{ no_job_running('h.serial_group', 'x') }};
+        SET v_long_count = v_long_count + v_i;
+    END IF;
+    SET v_i = 0, v_claimed = COALESCE(v_claimed, '[]');
+    WHILE v_long_count > 0 AND v_i < JSON_LENGTH(v_long) DO
+        SET v_head = JSON_VALUE(v_long, CONCAT('$[', v_i, ']'));
+        SET v_i = v_i + 1;
+        IF v_head IS NOT NULL THEN
             CALL {{ table }}_claim_job(
                 v_head, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now,
                 v_outcome, v_attempt, v_state, v_predecessor, v_promoted
             );
             IF v_outcome = 'claimed' THEN
-                SET v_claimed = v_head;
+                SET v_claimed = JSON_ARRAY_APPEND(v_claimed, '$', JSON_OBJECT('claimed', v_head));
             END IF;
         END IF;
-    END IF;
+    END WHILE;
 
-    -- One row per result, then the claimed job: one pass, no UNION (MariaDB would copy the
-    -- claimed job's BLOB and JSON columns into a temporary table). The columns in the
-    -- contract's order, the computed id first.
+    -- One row per result, then the claimed jobs: one pass, no UNION and no ORDER BY (MariaDB
+    -- would copy the claimed jobs' BLOB and JSON columns into a temporary table). The columns in
+    -- the contract's order, the computed id first.
     SELECT  -- noqa: ST06
-        IF(r.claimed = 1, j.id, r.id) AS id,
+        COALESCE(j.id, r.id) AS id,
         j.number_of_attempts AS attempt,
         j.callback_name,
         j.parameters_json,
@@ -232,18 +407,18 @@ BEGIN
         j.identifier,
         j.mode,
         j.coalesce_threshold,
-        IF(r.claimed = 1, NULL, IF(w.id IS NULL, 0, 1)) AS finished
+        IF(r.claimed IS NULL, IF(w.id IS NULL, 0, 1), NULL) AS finished
     FROM
         JSON_TABLE(
-            JSON_ARRAY_APPEND(COALESCE(p_results, '[]'), '$', JSON_OBJECT('claimed', 1)),
+            JSON_MERGE_PRESERVE(COALESCE(p_results, '[]'), v_claimed),
             '$[*]' COLUMNS (
                 id BIGINT UNSIGNED PATH '$.id',
-                claimed INT PATH '$.claimed'
+                claimed BIGINT UNSIGNED PATH '$.claimed'
             )
         ) AS r
     LEFT JOIN JSON_TABLE(v_written, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.id')) AS w
         ON r.claimed IS NULL AND w.id = r.id
     LEFT JOIN {{ table }} AS j
-        ON r.claimed = 1 AND j.id = v_claimed AND j.state = 2
-    WHERE r.claimed IS NULL OR j.id IS NOT NULL;
+        ON j.id = r.claimed AND j.state = 2
+    WHERE (r.claimed IS NULL AND r.id IS NOT NULL) OR j.id IS NOT NULL;
 END

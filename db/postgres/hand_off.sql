@@ -1,55 +1,94 @@
--- bgq {{ table }}_hand_off, version 2 (PostgreSQL 15)
+-- bgq {{ table }}_hand_off, version 3 (PostgreSQL 15)
 --
 -- Contract
---   SELECT * FROM {{ table }}_hand_off(p_results, p_group, p_queue, p_pid, p_min_priority,
+--   SELECT * FROM {{ table }}_hand_off(p_results, p_groups, p_queue, p_pid, p_min_priority,
 --                                      p_max_priority, p_waiting_ms, p_worker_id, p_now)
---   A worker finishes a grouped job and claims the group's next head in one call and one
---   transaction: the group never stands idle between them, and no other worker takes it.
---   p_results       NULL, or the results to write first: the JSON of {{ table }}_finish_batch,
---                   written by {{ table }}_finish_results (its errors included).
---   p_group         the serial group whose head is claimed.
---   p_queue         the base queue: the head must be in it or in a sub-queue '<p_queue>_<sub>'.
+--   A worker writes its results and claims the next head of each of its groups in one call and
+--   one transaction: a group it hands on never stands idle between its job and the next, and no
+--   other worker takes it. `bgq work` writes every batch of results this way.
+--   p_results       NULL, or the results to write first: the JSON of {{ table }}_finish_batch.
+--   p_groups        JSON text: an array of serial group names (duplicates and nulls ignored),
+--                   the groups whose next head is claimed; [] claims nothing.
+--   p_queue         the base queue: a head must be in it or in a sub-queue '<p_queue>_<sub>'.
 --   p_pid           the worker's process id (stored for people).
---   p_min_priority, p_max_priority: the head's priority must lie in this range (NULL: no bound).
+--   p_min_priority, p_max_priority: a head's priority must lie in this range (NULL: no bound).
 --   p_waiting_ms    passed to {{ table }}_claim_job (a head that lost a race turns WAITING).
---   p_worker_id     stored in worker_id on the claimed job (NULL: none).
+--   p_worker_id     stored in worker_id on every claimed job (NULL: none).
 --   p_now           the clock (TIMESTAMPTZ); NULL means clock_timestamp().
--- Result: first one row per p_results object, then at most one claimed job
---   id, attempt     the job and, for the claimed job, its claim token for {{ table }}_finish,
+-- Result: first one row per p_results object, then at most one claimed job per group (in no
+--   particular order)
+--   id, attempt     the job and, for a claimed job, its claim token for {{ table }}_finish,
 --                   {{ table }}_finish_batch or the next {{ table }}_hand_off.
 --   callback_name, parameters_json, parameters, queue, priority, serial_group, identifier,
 --   mode, coalesce_threshold: the claimed job as stored (NULL on the result rows).
---   finished        on a result row: 1 if written, 0 if fenced out; NULL on the claimed row.
--- Claimable: the group's head (first in (priority, id) among the group's unstarted jobs of
---   every queue and state -1, 1, 4, 6, 8, due or not; one index dive on
---   {{ table }}_pending_head) when it is READY, TEMPORARILY_FAILED, WAITING or BROKER_FAILED, due
---   (as in {{ table }}_due_jobs without a broker), of the queue and priority range, while no
---   job of the group is PROCESSING. Nothing else: order inside a group never bends.
--- Steps: {{ table }}_finish_results writes p_results (the group row locked, the jobs written,
---   copies inserted, the group woken); then the head is claimed through {{ table }}_claim_job,
---   which re-checks it under the group lock (predecessor, UNIQUE duplicate, coalescing) and
---   writes the claim (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id; postponed_by,
---   error_message and metadata cleared). Only a 'claimed' head is returned.
---   The common case takes a shorter way with the same effects: one FINISHED result without a
---   copy, of a NORMAL or UNIQUE job of p_group, in a group with no WAITING job and no waiting
---   head recorded (nothing to wake), whose next head is a NORMAL job without a coalescing
---   threshold, not WAITING: the group row is locked, the result written (fenced), and the head
---   claimed by one UPDATE under that lock (being the head in a group without a PROCESSING job
---   is what {{ table }}_claim_job's predecessor check asks). Anything else goes the long way.
--- Locks: those of {{ table }}_finish_results, then the group row FOR UPDATE SKIP LOCKED (held
---   already when p_results finished a job of the group): a group row another transaction holds
---   is not waited for, and nothing is claimed. Only a group that has no row yet gets it from
---   {{ table }}_claim_job, which waits at most 3 s for a concurrent first claim.
--- Fencing: each result is written only WHERE state = 2 AND number_of_attempts = attempt; the
+--   finished        on a result row: 1 if written, 0 if fenced out; NULL on a claimed row.
+-- Claimable: a group's head (first in (priority, id) among the group's unstarted jobs of every
+--   queue and state -1, 1, 4, 6, 8, due or not; one index dive on {{ table }}_pending_head)
+--   when it is READY, TEMPORARILY_FAILED, WAITING or BROKER_FAILED, due (as in
+--   {{ table }}_due_jobs without a broker), of the queue and priority range, while no job of
+--   the group is PROCESSING. Nothing else: order inside a group never bends.
+-- Steps: the results are written as {{ table }}_finish_results writes them, then the heads are
+--   claimed. Three ways, with the same effects:
+--   - the short way, a lone group's chain: one FINISHED result without a copy, of a NORMAL or
+--     UNIQUE job of the one group of p_groups: the group row locked (upsert), the job written
+--     (fenced), the group woken if it has a WAITING job or a recorded waiting head
+--     ({{ table }}_group_wake), and its head claimed, by plain statements;
+--   - the batch way, when every result is FINISHED without a copy and no job is RECURRING: the
+--     group rows of the results' groups locked (upserts, in serial_group order), the jobs
+--     written by one UPDATE (fenced), each group with a WAITING job or a recorded waiting head
+--     woken; then the group rows of p_groups locked without waiting, and the heads of the
+--     locked groups claimed together;
+--   - any other batch goes through {{ table }}_finish_results (its errors included), then the
+--     heads are claimed as in the batch way.
+--   A head is claimed under its group lock: a NORMAL head without a coalescing threshold, not
+--   WAITING, by an UPDATE of the columns {{ table }}_claim_job writes (PROCESSING, attempts + 1,
+--   last_attempt_at, pid, worker_id; postponed_by, error_message and metadata cleared; being
+--   the head in a group without a PROCESSING job is what its predecessor check asks); any other
+--   head, and the head of a group without a row yet, through {{ table }}_claim_job, which
+--   re-checks it under the group lock (predecessor, UNIQUE duplicate, coalescing). Only
+--   'claimed' heads are returned.
+-- Locks: the group rows of the results' groups (upserts, in serial_group order: a result waits
+--   for its group row), then the job rows, then the group rows of p_groups FOR UPDATE SKIP
+--   LOCKED (held already for a group whose job p_results finished): a group row another
+--   transaction holds is not waited for, and that group's head is left alone. Only a group that
+--   has no row yet gets it from {{ table }}_claim_job, which waits at most 3 s for a concurrent
+--   first claim.
+-- Fencing: each result is written only WHERE state = 2 AND number_of_attempts = attempt; each
 --   claim is conditional on a claimable state.
--- Errors: SQLSTATE BQ002 (nothing written) when p_group is NULL; those of
+-- Errors: SQLSTATE BQ002 (nothing written) when p_groups is not a JSON array; those of
 --   {{ table }}_finish_results.
--- Idempotent: no (a second call may claim the next head); a claimed job is never claimed again.
+-- Idempotent: no (a second call may claim the next heads); a claimed job is never claimed again.
 -- Transaction: never commits (a function cannot). Call it inside BEGIN ... COMMIT at READ
 --   COMMITTED; the locks last until the end of the caller's transaction.
+{#- The plain FINISHED results among `ids` written as {{ table }}_finish_results writes them: a
+    WITH clause whose `written` returns the ids written (fenced: still PROCESSING under the
+    result's claim). -#}
+{% macro write_finished(ids) -%}
+WITH written AS (
+    UPDATE {{ table }} AS j
+    SET state = 3,
+        error_message = r.error,
+        postponed_by = r.postponed_by,
+        execution_time = r.execution_time,
+        memory = r.memory,
+        finished_at = v_now,
+        updated_at = v_now
+    FROM JSON_TO_RECORDSET(COALESCE(p_results, '[]')::JSON) AS r (
+        id BIGINT, attempt INTEGER, error TEXT, postponed_by INTEGER, execution_time INTEGER,
+        memory JSON
+    )
+    WHERE
+        j.id = r.id
+        AND r.id = ANY({{ ids }})
+        -- (Not a condition an index could serve: the jobs are reached by primary key, never by
+        -- a scan of every PROCESSING job.)
+        AND (j.state = 2 AND j.number_of_attempts = r.attempt) IS TRUE
+    RETURNING j.id
+)
+{%- endmacro %}
 CREATE OR REPLACE FUNCTION {{ table }}_hand_off(
     p_results TEXT,
-    p_group VARCHAR,
+    p_groups TEXT,
     p_queue VARCHAR,
     p_pid INTEGER,
     p_min_priority INTEGER,
@@ -74,147 +113,287 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql
 VOLATILE
+-- Every statement here reaches a few rows by key (the results' jobs, the groups' heads): each is
+-- planned once per session, and written so that no plan can reach them but by key (a condition
+-- on a job's state is written `(...) IS TRUE` where an index on state could otherwise be chosen
+-- over the primary key: a scan of every PROCESSING job, and of the dead index entries every
+-- finished job leaves behind until the next vacuum).
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
     v_now TIMESTAMPTZ := COALESCE(p_now, CLOCK_TIMESTAMP());
     v_min INTEGER := COALESCE(p_min_priority, -2147483648);
     v_max INTEGER := COALESCE(p_max_priority, 2147483647);
-    v_written TEXT := '[]';
-    v_head BIGINT;
-    v_claimed BIGINT;
+    v_groups VARCHAR[];
+    v_ids BIGINT[];
+    v_plain BOOLEAN;
+    v_result_groups VARCHAR[];
+    v_wake VARCHAR[] := '{}';
+    v_pending BIGINT[] := '{}';
+    v_written BIGINT[] := '{}';
+    v_written_now BIGINT[];
+    v_locked VARCHAR[];
+    v_long BIGINT[];
+    v_claimed BIGINT[];
+    v_group VARCHAR;
+    c RECORD;
+    v_gs JSON;
+    v_rs JSON;
     v_r JSON;
     v_id BIGINT;
     v_job_group VARCHAR;
     v_job_mode VARCHAR;
     v_waiting_head BIGINT;
     v_finished INTEGER;
-    v_head_state SMALLINT;
-    v_head_mode VARCHAR;
-    v_head_threshold BIGINT;
-    c RECORD;
+    v_head BIGINT;
+    v_returned INTEGER;
 BEGIN
-    IF p_group IS NULL THEN
-        RAISE EXCEPTION 'bgq: hand_off needs a group' USING ERRCODE = 'BQ002';
-    END IF;
-
-    -- The short way (see Steps): one FINISHED result without a copy, of a job of p_group.
-    IF p_results IS NOT NULL AND JSON_TYPEOF(p_results::JSON) = 'array'
-        AND JSON_ARRAY_LENGTH(p_results::JSON) = 1 THEN
-        v_r := p_results::JSON -> 0;
+    -- The short way (see Steps) for a lone group's chain, in a few plain statements: one
+    -- FINISHED result without a copy, of a NORMAL or UNIQUE job of the one group of p_groups.
+    v_gs := p_groups::JSON;
+    v_rs := p_results::JSON;
+    IF JSON_TYPEOF(v_gs) = 'array' AND JSON_ARRAY_LENGTH(v_gs) = 1
+        AND JSON_TYPEOF(v_rs) = 'array' AND JSON_ARRAY_LENGTH(v_rs) = 1 THEN
+        v_r := v_rs -> 0;
+        v_group := v_gs ->> 0;
         v_id := (v_r ->> 'id')::BIGINT;
-        IF (v_r ->> 'state')::INTEGER = 3 AND v_r ->> 'clone_delay_ms' IS NULL THEN
-            -- serial_group and mode never change: a plain read.
-            SELECT j.serial_group, j.mode INTO v_job_group, v_job_mode
-            FROM {{ table }} AS j WHERE j.id = v_id;
-        END IF;
     END IF;
-    IF v_job_group = p_group AND v_job_mode IN ('normal', 'unique') THEN
-        INSERT INTO {{ table }}_group AS g (serial_group, updated_at) VALUES (p_group, v_now)
+    IF v_group IS NOT NULL AND (v_r ->> 'state')::INTEGER = 3 AND v_r ->> 'clone_delay_ms' IS NULL THEN
+        -- The job's group and mode (they never change: a plain read).
+        SELECT j.serial_group, j.mode INTO v_job_group, v_job_mode
+        FROM {{ table }} AS j WHERE j.id = v_id;
+    END IF;
+    IF v_job_group = v_group AND v_job_mode IN ('normal', 'unique') THEN
+        -- The group row (the lock every result and claim of the group takes), then the result.
+        INSERT INTO {{ table }}_group AS g (serial_group, updated_at) VALUES (v_group, v_now)
         ON CONFLICT (serial_group) DO UPDATE SET updated_at = EXCLUDED.updated_at
         RETURNING g.waiting_head_id INTO v_waiting_head;
-        IF v_waiting_head IS NULL AND NOT EXISTS (
-            SELECT 1 FROM {{ table }} AS w WHERE w.serial_group = p_group AND w.state = 6
+        UPDATE {{ table }} AS j
+        SET state = 3,
+            error_message = v_r ->> 'error',
+            postponed_by = (v_r ->> 'postponed_by')::INTEGER,
+            execution_time = (v_r ->> 'execution_time')::INTEGER,
+            memory = CASE WHEN JSON_TYPEOF(v_r -> 'memory') = 'null' THEN NULL ELSE v_r -> 'memory' END,
+            finished_at = v_now,
+            updated_at = v_now
+        WHERE j.id = v_id AND j.state = 2 AND j.number_of_attempts = (v_r ->> 'attempt')::INTEGER;
+        v_finished := CASE WHEN FOUND THEN 1 ELSE 0 END;
+    ELSE
+        v_group := NULL;  -- the batch way below
+    END IF;
+    IF v_group IS NOT NULL THEN
+        IF v_waiting_head IS NOT NULL OR EXISTS (
+            SELECT 1 FROM {{ table }} AS w WHERE w.serial_group = v_group AND w.state = 6
         ) THEN
-            -- As {{ table }}_finish_results writes a FINISHED result.
+            PERFORM {{ table }}_group_wake(v_group, v_now);
+        END IF;
+        -- The result's row, and the group's head claimed if it is a plain one and claimable
+        -- here (one index dive), under the group lock: the columns {{ table }}_claim_job writes.
+        RETURN QUERY
+        WITH claimed AS (
             UPDATE {{ table }} AS j
-            SET state = 3,
-                error_message = r.error,
-                postponed_by = r.postponed_by,
-                execution_time = r.execution_time,
-                memory = r.memory,
-                finished_at = v_now,
-                updated_at = v_now
-            FROM JSON_TO_RECORDSET(p_results::JSON) AS r (
-                id BIGINT, attempt INTEGER, error TEXT, postponed_by INTEGER,
-                execution_time INTEGER, memory JSON
-            )
-            WHERE j.id = v_id AND j.state = 2 AND j.number_of_attempts = r.attempt;
-            v_finished := CASE WHEN FOUND THEN 1 ELSE 0 END;
-
-            -- The group's head, if it is claimable here (one index dive).
-            SELECT h.id, h.state, h.mode, h.coalesce_threshold
-            INTO v_head, v_head_state, v_head_mode, v_head_threshold
+            SET {{ claim_write() | indent(16) }}
+            WHERE
+                j.id = {{ group_head_id('v_group') | indent(16) }}
+                AND j.state IN (1, 4, 8)
+                AND j.mode = 'normal'
+                AND j.coalesce_threshold IS NULL
+                AND j.priority BETWEEN v_min AND v_max
+                AND {{ in_queue('j') | indent(16) }}
+                AND {{ due('j') | indent(16) }}
+                AND {{ no_job_running('v_group') }}
+            RETURNING
+                j.id, j.number_of_attempts, j.callback_name, j.parameters_json, j.parameters,
+                j.queue, j.priority, j.serial_group, j.identifier, j.mode, j.coalesce_threshold
+        )
+        SELECT
+            v_id, NULL::INTEGER, NULL::VARCHAR, NULL::JSON, NULL::BYTEA, NULL::VARCHAR,
+            NULL::INTEGER, NULL::VARCHAR, NULL::VARCHAR, NULL::VARCHAR, NULL::BIGINT, v_finished
+        UNION ALL
+        SELECT c.*, NULL::INTEGER FROM claimed AS c;
+        GET DIAGNOSTICS v_returned = ROW_COUNT;
+        IF v_returned = 1 THEN
+            -- Nothing claimed: a head that needs {{ table }}_claim_job (WAITING, UNIQUE,
+            -- RECURRING, coalescing), if the group has one claimable here.
+            SELECT h.id INTO v_head
             FROM (
                 SELECT g.id, g.priority, g.state, g.queue, g.serial_group, g.created_at,
-                    g.last_attempt_at, g.postponed_by, g.processed_by_broker, g.mode,
-                    g.coalesce_threshold
+                    g.last_attempt_at, g.postponed_by, g.processed_by_broker
                 FROM {{ table }} AS g
-                WHERE g.serial_group = p_group AND {{ unstarted('g') }}
+                WHERE g.serial_group = v_group AND {{ unstarted('g') }}
                 ORDER BY g.priority, g.id
                 LIMIT 1
             ) AS h
             WHERE
-                {{ head_claimable('h', 'p_group') | indent(16) }};
-            IF v_head IS NULL OR (
-                v_head_state IN (1, 4, 8) AND v_head_mode = 'normal' AND v_head_threshold IS NULL
-            ) THEN
-                RETURN QUERY
-                SELECT
-                    v_id, NULL::INTEGER, NULL::VARCHAR, NULL::JSON, NULL::BYTEA, NULL::VARCHAR,
-                    NULL::INTEGER, NULL::VARCHAR, NULL::VARCHAR, NULL::VARCHAR, NULL::BIGINT,
-                    v_finished;
-                IF v_head IS NOT NULL THEN
-                    -- The same columns as {{ table }}_claim_job writes.
+                {{ head_claimable('h', 'v_group') | indent(16) }};
+            IF v_head IS NOT NULL THEN
+                SELECT * INTO c
+                FROM {{ table }}_claim_job(v_head, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now);
+                IF c.o_outcome = 'claimed' THEN
                     RETURN QUERY
-                    UPDATE {{ table }} AS j
-                    SET {{ claim_write() | indent(24) }}
-                    WHERE j.id = v_head AND j.state IN (1, 4, 8)
-                    RETURNING
+                    SELECT
                         j.id, j.number_of_attempts, j.callback_name, j.parameters_json,
                         j.parameters, j.queue, j.priority, j.serial_group, j.identifier, j.mode,
-                        j.coalesce_threshold, NULL::INTEGER;
+                        j.coalesce_threshold, NULL::INTEGER
+                    FROM {{ table }} AS j
+                    WHERE j.id = v_head;
                 END IF;
-                RETURN;
             END IF;
-            -- The head needs the long way: claim it as below (the result is written).
-            v_written := CASE
-                WHEN v_finished = 1 THEN JSON_BUILD_ARRAY(JSON_BUILD_OBJECT('id', v_id))::TEXT
-                ELSE '[]'
-            END;
-            p_results := JSON_BUILD_ARRAY(JSON_BUILD_OBJECT('id', v_id))::TEXT;
-            v_job_group := NULL;
-            v_head := NULL;
+        END IF;
+        RETURN;
+    END IF;
+
+    -- The groups; the results' ids and groups (a job's group and mode never change: a plain
+    -- read, by primary key), and whether every result is a plain FINISHED one (see Steps); the
+    -- results' group rows locked, in serial_group order (a result waits for its group row), and
+    -- which of those groups have a WAITING job or a recorded waiting head to wake.
+    WITH r AS (
+        SELECT r.id, r.state, r.clone_delay_ms, j.serial_group, j.mode
+        FROM JSON_TO_RECORDSET(COALESCE(p_results, '[]')::JSON) AS r (id BIGINT, state INTEGER, clone_delay_ms INTEGER)
+        LEFT JOIN LATERAL (
+            SELECT x.serial_group, x.mode FROM {{ table }} AS x WHERE x.id = r.id LIMIT 1
+        ) AS j ON TRUE
+    ),
+    locked AS (
+        INSERT INTO {{ table }}_group AS g (serial_group, updated_at)
+        SELECT DISTINCT r.serial_group, v_now FROM r WHERE r.serial_group IS NOT NULL
+        ORDER BY 1
+        ON CONFLICT (serial_group) DO UPDATE SET updated_at = EXCLUDED.updated_at
+        RETURNING g.serial_group, g.waiting_head_id
+    )
+    SELECT
+        CASE WHEN JSON_TYPEOF(p_groups::JSON) = 'array' THEN
+            ARRAY(SELECT JSON_ARRAY_ELEMENTS_TEXT(p_groups::JSON))
+        END,
+        ARRAY(SELECT r.id FROM r),
+        COALESCE(
+            (SELECT BOOL_AND(r.state = 3 AND r.clone_delay_ms IS NULL AND r.mode IS DISTINCT FROM 'recurring') FROM r),
+            TRUE
+        ),
+        ARRAY(SELECT l.serial_group FROM locked AS l),
+        ARRAY(
+            SELECT l.serial_group FROM locked AS l
+            WHERE l.waiting_head_id IS NOT NULL OR EXISTS (
+                SELECT 1 FROM {{ table }} AS w WHERE w.serial_group = l.serial_group AND w.state = 6
+            )
+        )
+    INTO v_groups, v_ids, v_plain, v_result_groups, v_wake;
+    IF v_groups IS NULL THEN
+        RAISE EXCEPTION 'bgq: hand_off needs a JSON array of groups' USING ERRCODE = 'BQ002';
+    END IF;
+    IF v_plain THEN
+        v_pending := v_ids;  -- written below, with the claims
+    END IF;
+    IF NOT v_plain OR CARDINALITY(v_wake) > 0 THEN
+        -- Written first, then the groups woken; the claims below see both.
+        IF v_plain THEN
+            {{ write_finished('v_ids') | indent(12) }}
+            SELECT COALESCE(ARRAY_AGG(w.id), '{}') INTO v_written FROM written AS w;
+            FOREACH v_group IN ARRAY v_wake LOOP
+                PERFORM {{ table }}_group_wake(v_group, v_now);
+            END LOOP;
         ELSE
-            v_job_group := NULL;
-            v_written := NULL;
+            v_written := ARRAY(
+                SELECT w.id
+                FROM JSON_TO_RECORDSET({{ table }}_finish_results(p_results, v_now)::JSON) AS w (id BIGINT)
+            );
         END IF;
+        v_pending := '{}';
+    END IF;
+
+    -- The group rows of p_groups without waiting: this transaction holds those of its results'
+    -- groups already; one another transaction holds is left alone, with its group's head.
+    IF v_plain AND v_groups <@ v_result_groups THEN
+        v_locked := v_groups;
     ELSE
-        v_written := NULL;
+        v_locked := ARRAY(
+            SELECT g.serial_group FROM {{ table }}_group AS g
+            WHERE g.serial_group = ANY(v_groups)
+            ORDER BY g.serial_group
+            FOR UPDATE SKIP LOCKED
+        );
     END IF;
 
-    IF p_results IS NOT NULL AND v_written IS NULL THEN
-        v_written := {{ table }}_finish_results(p_results, v_now);
+    -- The plain results still pending are written; each locked group's head, if it is claimable
+    -- here (one index dive each; a job this statement finishes no longer counts as running), is
+    -- claimed at once when it is plain, or kept for {{ table }}_claim_job (WAITING, UNIQUE,
+    -- RECURRING, coalescing).
+    {{ write_finished('v_pending') | indent(4) }},
+    heads AS (
+        SELECT h.id, h.state, h.mode, h.coalesce_threshold
+        FROM UNNEST(v_locked) AS l (name)
+        CROSS JOIN LATERAL (
+            SELECT g.id, g.priority, g.state, g.queue, g.serial_group, g.created_at,
+                g.last_attempt_at, g.postponed_by, g.processed_by_broker, g.mode,
+                g.coalesce_threshold
+            FROM {{ table }} AS g
+            WHERE g.serial_group = l.name AND {{ unstarted('g') }}
+            ORDER BY g.priority, g.id
+            LIMIT 1
+        ) AS h
+        WHERE
+            h.state IN (1, 4, 6, 8)
+            AND h.priority BETWEEN v_min AND v_max
+            AND {{ in_queue('h') }}
+            AND {{ due('h') | indent(12) }}
+            AND NOT EXISTS (
+                SELECT 1 FROM {{ table }} AS x
+                WHERE
+                    x.serial_group = l.name
+                    AND x.state = 2
+                    AND x.id NOT IN (SELECT w.id FROM written AS w)
+            )
+    ),
+    plain AS (
+        UPDATE {{ table }} AS j
+        SET {{ claim_write() | indent(12) }}
+        FROM heads AS h
+        WHERE
+            j.id = h.id
+            AND h.state IN (1, 4, 8)
+            AND h.mode = 'normal'
+            AND h.coalesce_threshold IS NULL
+            AND j.state IN (1, 4, 8)
+        RETURNING j.id
+    )
+    SELECT
+        ARRAY(SELECT w.id FROM written AS w),
+        ARRAY(SELECT p.id FROM plain AS p),
+        ARRAY(
+            SELECT h.id FROM heads AS h
+            WHERE NOT (h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL)
+            ORDER BY h.id
+        )
+    INTO v_written_now, v_claimed, v_long;
+    v_written := v_written || v_written_now;
+
+    -- Groups without a row yet (never claimed, or cleared): {{ table }}_claim_job creates it
+    -- (and may wait for a concurrent first claim).
+    IF CARDINALITY(v_locked) < CARDINALITY(v_groups) THEN
+        v_long := v_long || ARRAY(
+            SELECT h.id
+            FROM UNNEST(v_groups) AS l (name)
+            CROSS JOIN LATERAL (
+                SELECT g.id, g.priority, g.state, g.queue, g.serial_group, g.created_at,
+                    g.last_attempt_at, g.postponed_by, g.processed_by_broker
+                FROM {{ table }} AS g
+                WHERE g.serial_group = l.name AND {{ unstarted('g') }}
+                ORDER BY g.priority, g.id
+                LIMIT 1
+            ) AS h
+            WHERE
+                NOT EXISTS (SELECT 1 FROM {{ table }}_group AS r WHERE r.serial_group = l.name)
+                AND {{ head_claimable('h', 'l.name') | indent(16) }}
+        );
     END IF;
-    v_written := COALESCE(v_written, '[]');
-
-    -- The group's head, if it is claimable here (one index dive).
-    SELECT h.id INTO v_head
-    FROM (
-        SELECT g.id, g.priority, g.state, g.queue, g.serial_group, g.created_at, g.last_attempt_at,
-            g.postponed_by, g.processed_by_broker
-        FROM {{ table }} AS g
-        WHERE g.serial_group = p_group AND {{ unstarted('g') }}
-        ORDER BY g.priority, g.id
-        LIMIT 1
-    ) AS h
-    WHERE
-        {{ head_claimable('h', 'p_group') | indent(8) }};
-
-    IF v_head IS NOT NULL THEN
-        -- The group row without waiting: this transaction holds it already when p_results
-        -- finished a job of the group; one another transaction holds is left alone.
-        PERFORM 1 FROM {{ table }}_group AS g
-        WHERE g.serial_group = p_group
-        FOR UPDATE SKIP LOCKED;
-        IF FOUND OR NOT EXISTS (SELECT 1 FROM {{ table }}_group AS g WHERE g.serial_group = p_group) THEN
-            SELECT * INTO c
-            FROM {{ table }}_claim_job(v_head, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now);
-            IF c.o_outcome = 'claimed' THEN
-                v_claimed := v_head;
-            END IF;
+    FOR i IN 1 .. COALESCE(ARRAY_LENGTH(v_long, 1), 0) LOOP
+        SELECT * INTO c
+        FROM {{ table }}_claim_job(v_long[i], p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now);
+        IF c.o_outcome = 'claimed' THEN
+            v_claimed := v_claimed || v_long[i];
         END IF;
-    END IF;
+    END LOOP;
 
     RETURN QUERY
     SELECT
@@ -229,25 +408,26 @@ BEGIN
         NULL::VARCHAR,
         NULL::VARCHAR,
         NULL::BIGINT,
-        CASE WHEN w.id IS NULL THEN 0 ELSE 1 END
-    FROM JSON_TO_RECORDSET(COALESCE(p_results, '[]')::JSON) AS r (id BIGINT)
-    LEFT JOIN JSON_TO_RECORDSET(v_written::JSON) AS w (id BIGINT) ON w.id = r.id;
-
-    RETURN QUERY
-    SELECT
-        j.id,
-        j.number_of_attempts,
-        j.callback_name,
-        j.parameters_json,
-        j.parameters,
-        j.queue,
-        j.priority,
-        j.serial_group,
-        j.identifier,
-        j.mode,
-        j.coalesce_threshold,
-        NULL::INTEGER
-    FROM {{ table }} AS j
-    WHERE j.id = v_claimed AND j.state = 2;
+        CASE WHEN r.id = ANY(v_written) THEN 1 ELSE 0 END
+    FROM UNNEST(v_ids) AS r (id)
+    UNION ALL
+    (
+        SELECT
+            j.id,
+            j.number_of_attempts,
+            j.callback_name,
+            j.parameters_json,
+            j.parameters,
+            j.queue,
+            j.priority,
+            j.serial_group,
+            j.identifier,
+            j.mode,
+            j.coalesce_threshold,
+            NULL::INTEGER
+        FROM {{ table }} AS j
+        WHERE j.id = ANY(v_claimed) AND (j.state = 2) IS TRUE
+        ORDER BY j.priority, j.id
+    );
 END;
 $$;

@@ -24,6 +24,7 @@ from tests.support.helpers import (
     hand_off,
     held_transaction,
     new_job,
+    processing_count,
     procs,
     row,
     run_together,
@@ -157,6 +158,128 @@ def test_a_temporary_failure_hands_on_to_the_same_job_only_once_it_is_due(instal
     assert ids(hand_off(installed, "g", now=at(60))[1]) == [job]
 
 
+# --- several groups in one call ---
+
+
+def test_several_groups_results_are_written_and_each_groups_next_head_claimed(installed):
+    firsts = {g: new_job(installed, group=g, priority=1) for g in ("a", "b", "c")}
+    nexts = {g: new_job(installed, group=g, priority=p) for g, p in (("a", 2), ("b", 1), ("c", 3))}
+    kept_out = new_job(installed, group="d")
+    loner = new_job(installed, priority=0)
+    attempts = {c.id: c.claim.attempt for c in claim_batch(installed, 10, now=T0)}
+    assert sorted(attempts) == sorted([*firsts.values(), kept_out, loner])
+    results = [JobResult(j, attempts[j], 3, execution_time=1) for j in (*firsts.values(), loner)]
+
+    written, got = hand_off(installed, ["c", "a", "b"], results, pid=5, worker_id=8, now=at(2))
+
+    assert written == {j: True for j in (*firsts.values(), loner)}
+    # One head per group, in (priority, id) order across the groups.
+    assert ids(got) == [nexts["b"], nexts["a"], nexts["c"]]
+    assert [c.claim.serial_group for c in got] == ["b", "a", "c"]
+    for head in nexts.values():
+        r = row(installed, head)
+        assert (r["state"], r["pid"], r["worker_id"], r["last_attempt_at"]) == (2, 5, 8, at(2))
+    assert states(installed, *firsts.values(), loner, kept_out) == [3, 3, 3, 3, 2]
+
+
+def test_a_group_listed_without_a_written_result_is_claimed_only_once_free(installed):
+    """A group whose result is fenced out (its job runs under another claim) keeps running; the
+    other groups of the call are handed on."""
+    a1, a2 = new_job(installed, group="a"), new_job(installed, group="a")
+    b1, b2 = new_job(installed, group="b"), new_job(installed, group="b")
+    attempts = {c.id: c.claim.attempt for c in claim_batch(installed, 10, now=T0)}
+    results = [JobResult(a1, attempts[a1] + 1, 3), JobResult(b1, attempts[b1], 3)]
+
+    written, got = hand_off(installed, ["a", "b"], results, now=at(1))
+
+    assert (written, ids(got)) == ({a1: False, b1: True}, [b2])
+    assert states(installed, a1, a2, b1, b2) == [2, 1, 3, 2]
+
+
+def test_a_group_whose_row_another_transaction_holds_is_left_alone_and_the_others_handed_on(installed):
+    a1, a2 = new_job(installed, group="a"), new_job(installed, group="a")
+    b1, b2 = new_job(installed, group="b"), new_job(installed, group="b")
+    attempts = {c.id: c.claim.attempt for c in claim_batch(installed, 10, now=T0)}
+    assert finish(installed, a1, attempts[a1], 3, now=at(1)).finished
+    with held_transaction(installed) as conn_a:  # a claim or a finish of group a, say
+        conn_a.exec_driver_sql(
+            f"SELECT serial_group FROM {installed.table}_group WHERE serial_group = 'a' FOR UPDATE"
+        ).all()
+        started = time.monotonic()
+        written, got = hand_off(installed, ["a", "b"], [JobResult(b1, attempts[b1], 3)], now=at(2))
+        elapsed = time.monotonic() - started
+        conn_a.rollback()
+    assert (written, ids(got)) == ({b1: True}, [b2])
+    assert elapsed < 1.5  # a wait for group a's row would take the 3 s lock timeout
+    assert states(installed, a2, b2) == [1, 2]
+    assert ids(hand_off(installed, ["a"], now=at(3))[1]) == [a2]
+
+
+def test_results_of_every_kind_are_written_as_finish_batch_writes_them_and_the_heads_claimed(installed):
+    """A batch with failures, a copy and a plain result goes the long way (finish_results) for all
+    of them; each group is still handed on where its head is claimable."""
+    jobs = {g: new_job(installed, group=g) for g in ("ok", "temp", "perm", "wait")}
+    nexts = {g: new_job(installed, group=g) for g in jobs}
+    attempts = {c.id: c.claim.attempt for c in claim_batch(installed, 10, now=T0)}
+    results = [
+        JobResult(jobs["ok"], attempts[jobs["ok"]], 3),
+        JobResult(jobs["temp"], attempts[jobs["temp"]], 4, error="later", postponed_by=60000),
+        JobResult(jobs["perm"], attempts[jobs["perm"]], 5, error="bad"),
+        JobResult(jobs["wait"], attempts[jobs["wait"]], 3, clone_delay_ms=60000),
+    ]
+
+    written, got = hand_off(installed, list(jobs), results, now=at(1))
+
+    assert written == {j: True for j in jobs.values()}
+    # The temporarily failed job is its group's head again, not due: that group waits.
+    assert sorted(ids(got)) == sorted(nexts[g] for g in ("ok", "perm", "wait"))
+    assert states(installed, *jobs.values()) == [3, 4, 5, 3]
+    assert state(installed, nexts["temp"]) == 1
+    copies = installed.sql("SELECT state, postponed_by FROM {t} WHERE id > %s", (max(nexts.values()),))
+    assert [(r["state"], r["postponed_by"]) for r in copies] == [(1, 60000)]
+
+
+def test_a_waiting_job_is_woken_in_a_batch_of_plain_results(installed):
+    a1, a2 = new_job(installed, group="a"), new_job(installed, group="a")
+    b1, b_waiter = new_job(installed, group="b"), new_job(installed, group="b")
+    attempts = {c.id: c.claim.attempt for c in claim_batch(installed, 10, now=T0)}
+    set_row(installed, b_waiter, state=6, error_message=f"Waiting for job ID {b1}", postponed_by=1500)
+
+    written, got = hand_off(
+        installed, ["a", "b"], [JobResult(a1, attempts[a1], 3), JobResult(b1, attempts[b1], 3)], now=at(1)
+    )
+
+    assert written == {a1: True, b1: True}
+    assert ids(got) == [a2, b_waiter]
+    waiter = row(installed, b_waiter)
+    assert (waiter["state"], waiter["error_message"], waiter["postponed_by"]) == (2, None, None)
+    assert group_row(installed, "b")["waiting_head_id"] is None
+
+
+def test_groups_without_a_row_yet_and_repeated_names_are_claimed_once(installed):
+    heads = {g: new_job(installed, group=g) for g in ("x", "y")}
+    assert group_row(installed, "x") is None
+
+    written, got = hand_off(installed, ["y", "x", "y"], now=at(1))
+
+    assert (written, sorted(ids(got))) == ({}, sorted(heads.values()))
+    assert group_row(installed, "x") is not None
+    assert processing_count(installed, "x") == processing_count(installed, "y") == 1
+
+
+def test_an_empty_list_of_groups_only_writes_the_results(installed):
+    a1, a2 = new_job(installed, group="a"), new_job(installed, group="a")
+    loner = new_job(installed)
+    attempts = {c.id: c.claim.attempt for c in claim_batch(installed, 10, now=T0)}
+
+    written, got = hand_off(
+        installed, [], [JobResult(a1, attempts[a1], 3), JobResult(loner, attempts[loner], 3)], now=at(1)
+    )
+
+    assert (written, got) == ({a1: True, loner: True}, [])
+    assert states(installed, a1, a2, loner) == [3, 1, 3]
+
+
 # --- fencing and exclusion ---
 
 
@@ -277,12 +400,13 @@ def _fails_even_if_committed(installed, results, group):
     """The call fails; the caller commits anyway (MySQL keeps a failed CALL's earlier writes)."""
     with held_transaction(installed) as conn:
         with pytest.raises(sa.exc.DBAPIError) as caught:
-            procs(installed).hand_off(conn, results, group, QUEUE, PID, None, None, 1500, at(9))
+            groups = [group] if isinstance(group, str) else group
+            procs(installed).hand_off(conn, results, groups, QUEUE, PID, None, None, 1500, at(9))
         conn.commit()
     return installed.db.translate(caught.value)
 
 
-def test_a_missing_group_raises_and_writes_nothing(installed):
+def test_groups_that_are_not_a_json_array_raise_and_write_nothing(installed):
     job = new_job(installed, group="g")
     attempt = claimed(installed, job)
     before = row(installed, job)
@@ -291,7 +415,7 @@ def test_a_missing_group_raises_and_writes_nothing(installed):
     with pytest.raises(bgq.DatabaseError) as caught:
         hand_off(installed, None, results)
     assert type(caught.value) is bgq.DatabaseError
-    assert "hand_off needs a group" in str(caught.value)
+    assert "hand_off needs a JSON array of groups" in str(caught.value)
     assert type(_fails_even_if_committed(installed, results, None)) is bgq.DatabaseError
 
     assert row(installed, job) == before

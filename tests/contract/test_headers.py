@@ -366,7 +366,7 @@ _RESULT_CALLS = {
     "finish": lambda c: (c.running, c.attempt, 3, None, None, None, None, None, T0),
     "finish_batch": lambda c: (_FINISHED, T0),
     "group_heads": lambda c: (),
-    "hand_off": lambda c: (_FINISHED, "hg", QUEUE, PID, None, None, 1000, None, T0),
+    "hand_off": lambda c: (_FINISHED, '["hg"]', QUEUE, PID, None, None, 1000, None, T0),
     "heartbeat": lambda c: (c.running, c.attempt, None, T0),
     "lost_messages": lambda c: (QUEUE, 0, 10, T0),
     "monitor": lambda c: (QUEUE, 0, T0),

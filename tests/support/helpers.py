@@ -295,7 +295,7 @@ def claim_batch(
 
 def hand_off(
     installed: Any,
-    group: str | None,
+    group: str | list[str] | None,
     results: list[Any] | None = None,
     *,
     queue: str = QUEUE,
@@ -307,9 +307,11 @@ def hand_off(
     conn: Connection | None = None,
     worker_id: int | None = None,
 ) -> tuple[dict[int, bool], list[Any]]:
-    """One hand_off (bgq.procs.JobResult objects written, then `group`'s head claimed) in a
-    transaction of its own (or on `conn`): ({id: written}, [claimed head] or [])."""
-    args = (results or [], group, queue, pid, min_priority, max_priority, waiting_ms, now)
+    """One hand_off (bgq.procs.JobResult objects written, then the head of `group`, or of each
+    group of a list, claimed) in a transaction of its own (or on `conn`): ({id: written}, the
+    claimed heads in (priority, id) order). None passes no groups at all (an error)."""
+    groups = [group] if isinstance(group, str) else group
+    args = (results or [], groups, queue, pid, min_priority, max_priority, waiting_ms, now)
     if conn is not None:
         return procs(installed).hand_off(conn, *args, worker_id=worker_id)
     with installed.db.transaction() as own:
