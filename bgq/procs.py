@@ -542,7 +542,7 @@ class Procs:
         if not jobs:
             return []
         if self._returning:
-            unnest, arrays = self._insert_many_statement(jobs)
+            unnest, arrays = self.insert_many_statement(jobs)
             return sorted(r[0] for r in conn.exec_driver_sql(unnest, arrays).all())
         cols = ", ".join(_INSERT_COLUMNS)
         now = self.db.dialect.now_sql()
@@ -567,11 +567,18 @@ class Procs:
         trip (Database.execute_alone)."""
         if not jobs:
             return []
-        sql, values = self._insert_many_statement(jobs)
+        sql, values = self.insert_many_statement(jobs)
         rows, _ = self.db.execute_alone(sql, values)
         return sorted(r[0] for r in rows)
 
-    def _insert_many_statement(self, jobs: Sequence[NewJob]) -> tuple[str, tuple[Any, ...]]:
+    def send_insert_many(self, statement: tuple[str, tuple[Any, ...]]) -> Callable[[], list[int]]:
+        """PostgreSQL: `insert_many_alone` of a statement from `insert_many_statement`, sent
+        without waiting for the server (Database.send_alone); call the result for the ids, in the
+        order of the jobs, once the server has committed them."""
+        sent = self.db.send_alone(*statement)
+        return lambda: sorted(int(r[0]) for r in sent.rows())
+
+    def insert_many_statement(self, jobs: Sequence[NewJob]) -> tuple[str, tuple[Any, ...]]:
         """PostgreSQL's bulk INSERT ... SELECT FROM unnest(arrays) and its 11 arrays (+ the clock)."""
         rows = [
             (
@@ -937,19 +944,24 @@ _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
 
-#: Which of _insert_many_statement's arrays hold text (the others: integers).
+#: Which of insert_many_statement's arrays hold text (the others: integers).
 _TEXT_ARRAYS = (True, False, True, True, True, True, False, True, True, False, False)
 
 
-def _pg_array(column: list[Any], text: bool) -> str | list[Any]:
+def _pg_array(column: list[Any], text: bool) -> str:
     """A column of str or int (`text` says which) and None as PostgreSQL array input, written by
     the C JSON encoder (psycopg dumps a list element by element, ~15 times slower): a JSON
     string's quoting ("..." escaping only \\ and \") is the array input's, null is NULL, and
     only the outer brackets differ. JSON writes a control character as \\n or \\u00XX, which
-    array input would read differently: a column holding one goes as the list itself."""
+    array input would read differently: a column holding one is quoted here, element by element
+    (inside double quotes array input takes every character but \\ and \" as it is)."""
     if text and _CONTROL.search("".join(filter(None, column))):
-        return column
+        return "{" + ",".join("NULL" if v is None else _quoted(v) for v in column) + "}"
     return "{" + _JSON.encode(column)[1:-1] + "}"
+
+
+def _quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _insert_values(job: NewJob) -> tuple[Any, ...]:

@@ -65,6 +65,14 @@ class Dialect(Protocol):
         """Switch a connection bgq keeps for single statements (bgq/db/alone.py) to autocommit;
         return the file descriptor of its socket."""
 
+    def send(self, dbapi_connection: Any, sql: str, values: Sequence[Any]) -> None:
+        """Send one statement (%s placeholders) on a kept autocommit connection without waiting
+        for its outcome, which `read` waits for (PostgreSQL; MySQL: NotImplementedError)."""
+
+    def read(self, dbapi_connection: Any) -> list[tuple[Any, ...]]:
+        """The rows, as text, of the statement `send` sent, once the server has run it; its
+        error raised as the driver's exception."""
+
     def idle_outside_transaction(self, dbapi_connection: Any) -> bool:
         """Whether a kept autocommit connection is open and outside any transaction (anything
         else, after an error, means it is broken)."""

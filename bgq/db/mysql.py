@@ -147,6 +147,12 @@ class MySQLDialect:
         dbapi_connection.autocommit(True)
         return int(dbapi_connection._sock.fileno())  # PyMySQL has no public accessor
 
+    def send(self, dbapi_connection: Any, sql: str, values: Sequence[Any]) -> None:
+        raise NotImplementedError("PyMySQL cannot send a statement without waiting for it")
+
+    def read(self, dbapi_connection: Any) -> list[tuple[Any, ...]]:
+        raise NotImplementedError("PyMySQL cannot send a statement without waiting for it")
+
     def idle_outside_transaction(self, dbapi_connection: Any) -> bool:
         """Open (autocommit on: PyMySQL has no transaction status; a broken one is closed)."""
         return bool(dbapi_connection.open)
