@@ -190,15 +190,16 @@ class Publisher:
         self.end_bulk()
 
     def _flush_bulk(self, batch: Bulk, *, last: bool = False) -> None:
-        """Insert the buffered jobs. PostgreSQL, one statement's worth: it is sent, and its ids
-        read at the next flush (or now, when `last`), so that the server inserts one batch while
-        publish() validates the next. A failed batch ends the bulk: the jobs not inserted yet are
-        dropped, and batch.ids stays the ids of the jobs published first, in order."""
+        """Insert the buffered jobs. One statement's worth (where procs.sends_many: PostgreSQL,
+        MariaDB) is sent, and its ids read at the next flush (or now, when `last`), so that the
+        server inserts one batch while publish() validates the next. A failed batch ends the
+        bulk: the jobs not inserted yet are dropped, and batch.ids stays the ids of the jobs
+        published first, in order."""
         jobs, batch.jobs = batch.jobs, []
         procs = self.store.procs
         try:
             chunks = list(_by_size(jobs))
-            if len(chunks) == 1 and self.store.database.dialect.name == "postgres":
+            if len(chunks) == 1 and procs.sends_many:
                 statement = procs.insert_many_statement(jobs)  # built while the batch before runs
                 self._read_sent(batch)
                 batch.sent = (procs.send_insert_many(statement), jobs)

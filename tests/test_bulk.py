@@ -26,12 +26,23 @@ def _params_by_id(installed):
     }
 
 
-def test_checklist_16_bulk_inserts_in_chunks_and_maps_ids(make_queue, installed, monkeypatch):
-    queue = make_queue(bulk_size=3)
+@pytest.fixture(params=["returning", "no-returning"])
+def returning(request, monkeypatch):
+    """Run a test twice: as the server allows (PostgreSQL and MariaDB 10.5+: a batch's INSERT
+    returns its ids and goes out without waiting), and as on MySQL 8 (no RETURNING: each batch
+    is inserted at once, its ids read from the first one's; PostgreSQL: its path for a flush of
+    several statements)."""
+    if request.param == "returning":
+        return lambda queue: queue
+    return lambda queue: monkeypatch.setattr(queue.procs, "returns_many", False) or queue
+
+
+def test_checklist_16_bulk_inserts_in_chunks_and_maps_ids(make_queue, installed, monkeypatch, returning):
+    queue = returning(make_queue(bulk_size=3))
     statements = []
-    # PostgreSQL builds each statement with insert_many_statement (then sends it without
-    # waiting: Procs.send_insert_many); MySQL runs insert_many in a transaction.
-    name = "insert_many_statement" if queue.store.database.dialect.name == "postgres" else "insert_many"
+    # A batch that goes out without waiting is built by insert_many_statement (then sent by
+    # Procs.send_insert_many); one inserted at once goes through insert_many.
+    name = "insert_many_statement" if queue.procs.sends_many else "insert_many"
     original = getattr(queue.procs, name)
 
     def spy(*args):
@@ -344,26 +355,21 @@ def refusing(installed, dialect):
             installed.sql(f"DROP FUNCTION {t}_boom()")
 
 
-@pytest.mark.dialect_differs(
-    mysql=5,
-    postgres=8,
-    reason="PostgreSQL sends a full batch and reads its outcome when the next batch is full (or at "
-    "end_bulk), so that the server inserts one batch while the next is validated; MySQL inserts it at once",
-)
 def test_a_refused_batch_raises_ends_the_bulk_and_keeps_the_ids_of_the_jobs_before_it(
-    make_queue, installed, refusing, dialect_expects
+    make_queue, installed, refusing, returning
 ):
     """Batches of 3: the second holds a job the database refuses. Its error reaches the caller
-    (from the publish that fills the batch after it on PostgreSQL, the one that fills it on
-    MySQL), the bulk ends, and batch.ids are the ids of the jobs published first, in order;
-    none of the jobs after them is in the table, and the connection serves the next publish."""
-    queue = make_queue(bulk_size=3)
+    from the publish that fills the batch after it (a batch that goes out without waiting) or
+    the one that fills it (MySQL 8), the bulk ends, and batch.ids are the ids of the jobs
+    published first, in order; none of the jobs after them is in the table, and the connection
+    serves the next publish."""
+    queue = returning(make_queue(bulk_size=3))
     raised_at = None
     with pytest.raises(DatabaseError, match="boom refused") as raised, queue.bulk() as batch:
         for n in range(12):
             raised_at = n
             queue.publish("noop", ["boom" if n == 4 else "fine", n])
-    assert raised_at == dialect_expects
+    assert raised_at == (8 if queue.procs.sends_many else 5)
     assert not isinstance(raised.value, OutcomeUnknownError)  # refused: certainly not inserted
     by_id = _params_by_id(installed)
     assert [by_id[i] for i in batch.ids] == [["fine", n] for n in range(3)]
@@ -399,7 +405,6 @@ def test_an_exception_inside_a_bulk_keeps_the_batch_already_sent(make_queue, ins
     assert len(queue.store.database.alone._free) == 1  # one connection served both
 
 
-@pytest.mark.parametrize("dialect", ["postgres"], indirect=True)  # MySQL inserts a batch at once
 def test_a_sent_batch_that_fails_during_the_callers_exception_is_logged(
     make_queue, installed, refusing, caplog
 ):
@@ -447,7 +452,6 @@ def _child_end_bulk(queue: Queue, out) -> None:
         out.put(str(exc))
 
 
-@pytest.mark.parametrize("dialect", ["postgres"], indirect=True)  # MySQL never leaves a batch unread
 def test_a_batch_sent_before_a_fork_is_read_by_the_parent_only(make_queue, installed):
     """A forked child must not read the reply meant for its parent's connection."""
     queue = make_queue(bulk_size=3)

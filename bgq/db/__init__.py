@@ -212,9 +212,10 @@ class Database:
         return self.alone.execute(sql, values)
 
     def send_alone(self, sql: str, values: Sequence[Any]) -> Sent:
-        """PostgreSQL: `execute_alone` without waiting for the server: the statement goes out
-        now and `Sent.rows()` reads its rows later (a bulk publish, meanwhile, validates its next
-        batch). The errors are execute_alone's, raised here or by `rows()`."""
+        """`execute_alone` without waiting for the server (where the dialect `can_send`): the
+        statement goes out now and `Sent.rows()` reads its rows later (a bulk publish,
+        meanwhile, validates its next batch). The errors are execute_alone's, raised here or by
+        `rows()`."""
         return self.alone.send(sql, values)
 
     def dispose(self) -> None:

@@ -105,8 +105,8 @@ class Alone:
             self._slots.release()
 
     def send(self, sql: str, values: Sequence[Any]) -> Sent:
-        """PostgreSQL: put `sql` on the wire, in a transaction of its own, and return without
-        waiting for the server (Dialect.send); `Sent.rows()` waits for its rows. The caller works
+        """Put `sql` on the wire, in a transaction of its own, and return without waiting for
+        the server (Dialect.send, where `can_send`); `Sent.rows()` waits for its rows. The caller works
         meanwhile (a bulk publish validates its next batch) while the server runs and commits
         the statement. Until its rows are read, the connection (and one of the `in_use` slots)
         belongs to the Sent. Errors as `execute`'s, from `rows()` once the statement went out."""
@@ -215,7 +215,7 @@ class Sent:
         self._unread = weakref.finalize(self, _dropped, kept, alone._slots, self._pid)
 
     def rows(self) -> list[tuple[Any, ...]]:
-        """The statement's rows (as text), once the server has committed it; raises as
+        """The statement's rows (Dialect.read), once the server has committed it; raises as
         Alone.execute does."""
         if os.getpid() != self._pid:  # the parent's connection: reading it would take its replies
             raise DatabaseError("A statement sent before a fork cannot be read in the child process.")

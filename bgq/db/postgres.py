@@ -61,6 +61,7 @@ PING_SQL = "SELECT 1"
 
 class PostgresDialect:
     name = "postgres"
+    can_send = True
 
     def __init__(self) -> None:
         # The statements `send` prepared on each connection (by name): a connection that closes
@@ -160,19 +161,14 @@ class PostgresDialect:
         _flush(pgconn)
 
     def read(self, dbapi_connection: Any) -> list[tuple[Any, ...]]:
-        """The rows (as text) of the statement `send` sent, once the server has run it; its
-        error as psycopg raises it (the SQLSTATE's class)."""
+        """The rows of the statement `send` sent, once the server has run it, each value as the
+        server's text (bytes; None for NULL); its error as psycopg raises it (the SQLSTATE's class)."""
         encoding = dbapi_connection.info.encoding
         rows: list[tuple[Any, ...]] = []
         for result in _results(dbapi_connection.pgconn):
             _check(result, encoding)
-            rows += [
-                tuple(
-                    None if v is None else v.decode(encoding)
-                    for v in (result.get_value(r, c) for c in range(result.nfields))
-                )
-                for r in range(result.ntuples)
-            ]
+            value, columns = result.get_value, range(result.nfields)
+            rows += [tuple([value(r, c) for c in columns]) for r in range(result.ntuples)]
         return rows
 
     def table_exists_sql(self) -> str:
