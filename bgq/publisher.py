@@ -51,7 +51,7 @@ def _by_size(jobs: list[NewJob]) -> Iterator[list[NewJob]]:
 @dataclass
 class Bulk:
     """Jobs published since start_bulk(): those not inserted yet, the ids of those inserted (in
-    publish order), and (PostgreSQL) the batch sent last, its ids not read yet."""
+    publish order), and the batch sent last, its ids not read yet (Procs.sends_many)."""
 
     jobs: list[NewJob] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
@@ -195,6 +195,8 @@ class Publisher:
         server inserts one batch while publish() validates the next. A failed batch ends the
         bulk: the jobs not inserted yet are dropped, and batch.ids stays the ids of the jobs
         published first, in order."""
+        if not batch.jobs and batch.sent is None:
+            return
         jobs, batch.jobs = batch.jobs, []
         procs = self.store.procs
         try:

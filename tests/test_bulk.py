@@ -468,3 +468,13 @@ def test_a_batch_sent_before_a_fork_is_read_by_the_parent_only(make_queue, insta
     ids = queue.end_bulk()
     by_id = _params_by_id(installed)
     assert [by_id[i] for i in ids] == [[n] for n in range(3)] and len(by_id) == 3
+
+
+def test_an_empty_bulk_does_not_touch_the_database():
+    """Nothing published, nothing to insert or read: ending the bulk needs no connection."""
+    queue = Queue(callbacks={"noop": lambda: None}, database_url="postgresql://nobody@127.0.0.1:9/none")
+    with queue.bulk() as batch:
+        pass
+    queue.start_bulk()
+    assert queue.end_bulk() == [] and batch.ids == []
+    assert not queue.store.opened

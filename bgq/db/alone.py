@@ -19,6 +19,10 @@ otherwise hide); a connection that fails either check is closed and another one 
 statement goes out once. A connection lost *after* the statement went out leaves its outcome
 unknown (the server may have committed it before the connection broke), so it is never sent
 again: the caller gets an OutcomeUnknownError (a ConnectionLostError that is not retryable).
+
+`send` splits the same statement in two: it goes out at once and its reply is read later
+(`Sent.rows`), so that the server inserts a bulk's batch while the caller validates the next one.
+Meanwhile the connection is the Sent's; one dropped unread (its bulk never ended) is closed.
 """
 
 from __future__ import annotations
@@ -106,10 +110,11 @@ class Alone:
 
     def send(self, sql: str, values: Sequence[Any]) -> Sent:
         """Put `sql` on the wire, in a transaction of its own, and return without waiting for
-        the server (Dialect.send, where `can_send`); `Sent.rows()` waits for its rows. The caller works
-        meanwhile (a bulk publish validates its next batch) while the server runs and commits
-        the statement. Until its rows are read, the connection (and one of the `in_use` slots)
-        belongs to the Sent. Errors as `execute`'s, from `rows()` once the statement went out."""
+        the server (Dialect.send, where `can_send`); `Sent.rows()` waits for its rows. The
+        caller works meanwhile (a bulk publish validates its next batch) while the server runs
+        and commits the statement. Until its rows are read, the connection (and one of the
+        `in_use` slots) belongs to the Sent. Errors as `execute`'s, from `rows()` once the
+        statement went out."""
         self._acquire()
         try:
             kept = self._take()
