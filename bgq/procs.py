@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import json
 import re
 import time
@@ -540,51 +541,71 @@ class Procs:
         return self._insert_sql_clocked, (*values, now, now)
 
     def insert_many(self, conn: Connection, jobs: Sequence[NewJob]) -> list[int]:
-        """Insert READY jobs with one INSERT; return their ids in the order of `jobs`.
+        """Insert READY jobs with one INSERT in `conn`'s transaction; return their ids in the
+        order of `jobs`.
 
-        PostgreSQL: INSERT ... SELECT FROM unnest(one array per column) WITH ORDINALITY, ordered by
-        it: one statement of 13 parameters whatever the number of jobs. The identity values of one
-        INSERT ascend in the order its SELECT yields the rows (each row's nextval is taken as the
-        row reaches the INSERT; a concurrent INSERT may take values in between, never reorder
-        them), so the sorted RETURNING ids map to `jobs` by position. MySQL: InnoDB gives one
-        INSERT ... VALUES consecutive ids (stepping by auto_increment_increment) under
-        innodb_autoinc_lock_mode 0 or 1; under 2 (interleaved) that is not documented, so each
-        row is inserted on its own.
+        Where the INSERT returns its ids (insert_many_statement: PostgreSQL, MariaDB 10.5+),
+        they are sorted: the auto-increment values of one INSERT ascend in the order its rows
+        reach it (each row takes its value as it is inserted; a concurrent INSERT may take
+        values in between, never reorder them), so the sorted ids map to `jobs` by position.
+        MySQL 8 (no RETURNING): InnoDB gives one INSERT ... VALUES consecutive ids (stepping by
+        auto_increment_increment) under innodb_autoinc_lock_mode 0 or 1; under 2 (interleaved)
+        they need not be consecutive, so each row is inserted on its own.
         """
         if not jobs:
             return []
         if self._returning:
-            unnest, arrays = self._insert_many_statement(jobs)
+            unnest, arrays = self.insert_many_statement(jobs)
             return sorted(r[0] for r in conn.exec_driver_sql(unnest, arrays).all())
-        cols = ", ".join(_INSERT_COLUMNS)
-        now = self.db.dialect.now_sql()
-        clocked: tuple[Any, ...] = ()
-        if self.clock is not None:
-            now, clocked = "%s", (read_clock(self.clock),) * 2
-        row = "(" + ", ".join(["%s"] * len(_INSERT_COLUMNS)) + f", {now}, {now})"
-        values = [v for job in jobs for v in _insert_values(job) + clocked]
-        sql = f"INSERT INTO {self.table} ({cols}, created_at, updated_at) VALUES " + ", ".join(
-            [row] * len(jobs)
-        )
-        mode, step = conn.exec_driver_sql(
-            "SELECT @@innodb_autoinc_lock_mode, @@auto_increment_increment"
-        ).one()
-        if int(mode) == 2:
-            return [self.insert(conn, job) for job in jobs]
-        first = conn.exec_driver_sql(sql, tuple(values)).lastrowid
+        from .db.mysql import inline
+
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            if self.returns_many:
+                cursor.execute(inline(cursor.connection, *self.insert_many_statement(jobs)))
+                return sorted(int(r[0]) for r in cursor.fetchall())
+            cursor.execute("SELECT @@innodb_autoinc_lock_mode, @@auto_increment_increment")
+            mode, step = cursor.fetchall()[0]
+            if int(mode) == 2:
+                return [self.insert(conn, job) for job in jobs]
+            cursor.execute(inline(cursor.connection, *self._values_statement(jobs, "")))
+            first = int(cursor.lastrowid)
+        finally:
+            cursor.close()
         return [first + i * int(step) for i in range(len(jobs))]
 
-    def insert_many_alone(self, jobs: Sequence[NewJob]) -> list[int]:
-        """PostgreSQL: `insert_many` as one statement in a transaction of its own, in one round
-        trip (Database.execute_alone)."""
-        if not jobs:
-            return []
-        sql, values = self._insert_many_statement(jobs)
-        rows, _ = self.db.execute_alone(sql, values)
-        return sorted(r[0] for r in rows)
+    @functools.cached_property
+    def returns_many(self) -> bool:
+        """Whether the bulk INSERT returns its ids (insert_many_statement, send_insert_many):
+        PostgreSQL and MariaDB 10.5+ do (RETURNING); MySQL 8 does not."""
+        if self._returning:
+            return True
+        dialect = self.db.engine.dialect
+        if dialect.server_version_info is None:  # learnt on the engine's first connection
+            with self.db.engine.connect():
+                pass
+        return bool(dialect.insert_returning)
 
-    def _insert_many_statement(self, jobs: Sequence[NewJob]) -> tuple[str, tuple[Any, ...]]:
-        """PostgreSQL's bulk INSERT ... SELECT FROM unnest(arrays) and its 11 arrays (+ the clock)."""
+    @property
+    def sends_many(self) -> bool:
+        """Whether send_insert_many works here: the INSERT returns its ids and the driver can
+        send a statement without waiting for it (PostgreSQL; MariaDB 10.5+ on PyMySQL)."""
+        return self.db.dialect.can_send and self.returns_many
+
+    def send_insert_many(self, statement: tuple[str, tuple[Any, ...]]) -> Callable[[], list[int]]:
+        """Insert the jobs of an `insert_many_statement` in a transaction of their own, sent
+        without waiting for the server (Database.send_alone); call the result for their ids, in
+        the order of the jobs, once the server has committed them (sorted: see insert_many)."""
+        sent = self.db.send_alone(*statement)
+        return lambda: sorted(int(r[0]) for r in sent.rows())
+
+    def insert_many_statement(self, jobs: Sequence[NewJob]) -> tuple[str, tuple[Any, ...]]:
+        """The bulk INSERT of `jobs` that returns their ids (where `returns_many`), and its
+        values. PostgreSQL: INSERT ... SELECT FROM unnest(one array per column) WITH ORDINALITY,
+        ordered by it: 11 arrays (+ the clock) whatever the number of jobs. MariaDB: INSERT ...
+        VALUES, a row per job, RETURNING id."""
+        if not self._returning:
+            return self._values_statement(jobs, " RETURNING id")
         rows = [
             (
                 j.queue,
@@ -609,6 +630,20 @@ class Procs:
             return self._insert_many_sql, arrays
         now = read_clock(self.clock)
         return self._insert_many_sql_clocked, (now, now, *arrays)  # the SELECT list's two come first
+
+    def _values_statement(self, jobs: Sequence[NewJob], returning: str) -> tuple[str, tuple[Any, ...]]:
+        """MySQL's bulk INSERT ... VALUES, a row of %s per job (+ `returning`), and its values."""
+        now = self.db.dialect.now_sql()
+        clocked: tuple[Any, ...] = ()
+        if self.clock is not None:
+            now, clocked = "%s", (read_clock(self.clock),) * 2
+        row = "(" + ", ".join(["%s"] * len(_INSERT_COLUMNS)) + f", {now}, {now})"
+        sql = (
+            f"INSERT INTO {self.table} ({', '.join(_INSERT_COLUMNS)}, created_at, updated_at) VALUES "
+            + ", ".join([row] * len(jobs))
+            + returning
+        )
+        return sql, tuple([v for job in jobs for v in _insert_values(job) + clocked])
 
     def get_job(self, conn: Connection, job_id: int) -> dict[str, Any] | None:
         """The job's row as a dict (for people and tests), or None."""
@@ -949,19 +984,24 @@ _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
 
-#: Which of _insert_many_statement's arrays hold text (the others: integers).
+#: Which of insert_many_statement's arrays hold text (the others: integers).
 _TEXT_ARRAYS = (True, False, True, True, True, True, False, True, True, False, False)
 
 
-def _pg_array(column: list[Any], text: bool) -> str | list[Any]:
+def _pg_array(column: list[Any], text: bool) -> str:
     """A column of str or int (`text` says which) and None as PostgreSQL array input, written by
     the C JSON encoder (psycopg dumps a list element by element, ~15 times slower): a JSON
     string's quoting ("..." escaping only \\ and \") is the array input's, null is NULL, and
     only the outer brackets differ. JSON writes a control character as \\n or \\u00XX, which
-    array input would read differently: a column holding one goes as the list itself."""
+    array input would read differently: a column holding one is quoted here, element by element
+    (inside double quotes array input takes every character but \\ and \" as it is)."""
     if text and _CONTROL.search("".join(filter(None, column))):
-        return column
+        return "{" + ",".join("NULL" if v is None else _quoted(v) for v in column) + "}"
     return "{" + _JSON.encode(column)[1:-1] + "}"
+
+
+def _quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _insert_values(job: NewJob) -> tuple[Any, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -50,10 +50,12 @@ def _by_size(jobs: list[NewJob]) -> Iterator[list[NewJob]]:
 
 @dataclass
 class Bulk:
-    """Jobs published since start_bulk(): those not inserted yet, and the ids of those inserted."""
+    """Jobs published since start_bulk(): those not inserted yet, the ids of those inserted (in
+    publish order), and the batch sent last, its ids not read yet (Procs.sends_many)."""
 
     jobs: list[NewJob] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
+    sent: tuple[Callable[[], list[int]], list[NewJob]] | None = None
 
 
 class Publisher:
@@ -170,7 +172,7 @@ class Publisher:
         if batch is None:
             return []
         try:
-            self._flush_bulk(batch)
+            self._flush_bulk(batch, last=True)
             return batch.ids
         finally:
             self._bulk.set(None)
@@ -183,19 +185,56 @@ class Publisher:
             yield batch
         except BaseException:
             self._bulk.set(None)
+            self._abandon(batch)
             raise
         self.end_bulk()
 
-    def _flush_bulk(self, batch: Bulk) -> None:
-        if not batch.jobs:
+    def _flush_bulk(self, batch: Bulk, *, last: bool = False) -> None:
+        """Insert the buffered jobs. One statement's worth (where procs.sends_many: PostgreSQL,
+        MariaDB) is sent, and its ids read at the next flush (or now, when `last`), so that the
+        server inserts one batch while publish() validates the next. A failed batch ends the
+        bulk: the jobs not inserted yet are dropped, and batch.ids stays the ids of the jobs
+        published first, in order."""
+        if not batch.jobs and batch.sent is None:
             return
         jobs, batch.jobs = batch.jobs, []
         procs = self.store.procs
-        chunks = list(_by_size(jobs))
-        if len(chunks) == 1 and self.store.database.dialect.name == "postgres":
-            ids = procs.insert_many_alone(jobs)  # one statement: its own transaction, one round trip
-        else:
-            with self.store.database.transaction() as conn:
-                ids = [i for chunk in chunks for i in procs.insert_many(conn, chunk)]
+        try:
+            chunks = list(_by_size(jobs))
+            if len(chunks) == 1 and procs.sends_many:
+                statement = procs.insert_many_statement(jobs)  # built while the batch before runs
+                self._read_sent(batch)
+                batch.sent = (procs.send_insert_many(statement), jobs)
+                if last:
+                    self._read_sent(batch)
+                return
+            self._read_sent(batch)
+            if chunks:
+                with self.store.database.transaction() as conn:
+                    ids = [i for chunk in chunks for i in procs.insert_many(conn, chunk)]
+                self._inserted(batch, jobs, ids)
+        except BaseException:
+            self._bulk.set(None)
+            self._abandon(batch)
+            raise
+
+    def _abandon(self, batch: Bulk) -> None:
+        """A bulk ended by an exception: the buffered jobs are dropped; the batch already sent
+        (if any) is read, so that its ids join batch.ids and its connection is given back. Its
+        own error is only logged: the exception that ended the bulk goes on."""
+        batch.jobs = []
+        try:
+            self._read_sent(batch)
+        except Exception as exc:
+            self.config.logger.error(f"bgq: The last batch sent by an interrupted bulk failed. ({exc})")
+
+    def _read_sent(self, batch: Bulk) -> None:
+        """Wait for the batch sent last, if any: its ids join batch.ids, its jobs go to the broker."""
+        if batch.sent is not None:
+            read, jobs = batch.sent
+            batch.sent = None
+            self._inserted(batch, jobs, read())
+
+    def _inserted(self, batch: Bulk, jobs: list[NewJob], ids: list[int]) -> None:
         batch.ids.extend(ids)
         self.sender.send([(i, j.queue, j.priority, j.postponed_by) for i, j in zip(ids, jobs, strict=True)])

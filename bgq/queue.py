@@ -232,7 +232,12 @@ class Queue:
 
     def start_bulk(self) -> None:
         """Buffer this thread's (or asyncio task's) publish() calls; every `bulk_size` jobs go in one
-        multi-row INSERT. Other threads publishing on this queue meanwhile insert at once."""
+        multi-row INSERT. Other threads publishing on this queue meanwhile insert at once.
+
+        PostgreSQL and MariaDB send a full batch without waiting for it and read its outcome when
+        the next batch is full or at end_bulk(): a batch the database refuses raises from that call. A
+        database error ends the bulk: the jobs not inserted yet are dropped, and the ids so far
+        are those of the jobs published first."""
         self.publisher.start_bulk()
 
     def end_bulk(self) -> list[int]:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import multiprocessing
 import threading
+import time
 
 import pytest
 
-from bgq import Queue
-from tests.support.helpers import utc
+from bgq import DatabaseError, OutcomeUnknownError, Queue
+from bgq.db import alone as alone_module
+from tests.support.helpers import count_rows, utc
 
 
 def _params_by_id(installed):
@@ -22,21 +26,30 @@ def _params_by_id(installed):
     }
 
 
-def test_checklist_16_bulk_inserts_in_chunks_and_maps_ids(make_queue, installed, monkeypatch):
-    queue = make_queue(bulk_size=3)
+@pytest.fixture(params=["returning", "no-returning"])
+def returning(request, monkeypatch):
+    """Run a test twice: as the server allows (PostgreSQL and MariaDB 10.5+: a batch's INSERT
+    returns its ids and goes out without waiting), and as on MySQL 8 (no RETURNING: each batch
+    is inserted at once, its ids read from the first one's; PostgreSQL: its path for a flush of
+    several statements)."""
+    if request.param == "returning":
+        return lambda queue: queue
+    return lambda queue: monkeypatch.setattr(queue.procs, "returns_many", False) or queue
+
+
+def test_checklist_16_bulk_inserts_in_chunks_and_maps_ids(make_queue, installed, monkeypatch, returning):
+    queue = returning(make_queue(bulk_size=3))
     statements = []
-    in_transaction, alone = queue.procs.insert_many, queue.procs.insert_many_alone
+    # A batch that goes out without waiting is built by insert_many_statement (then sent by
+    # Procs.send_insert_many); one inserted at once goes through insert_many.
+    name = "insert_many_statement" if queue.procs.sends_many else "insert_many"
+    original = getattr(queue.procs, name)
 
-    def spy(conn, jobs):
-        statements.append(len(jobs))
-        return in_transaction(conn, jobs)
+    def spy(*args):
+        statements.append(len(args[-1]))
+        return original(*args)
 
-    def spy_alone(jobs):  # PostgreSQL: a chunk that is the whole flush is one statement of its own
-        statements.append(len(jobs))
-        return alone(jobs)
-
-    monkeypatch.setattr(queue.procs, "insert_many", spy)
-    monkeypatch.setattr(queue.procs, "insert_many_alone", spy_alone)
+    monkeypatch.setattr(queue.procs, name, spy)
     queue.start_bulk()
     for n in range(7):
         assert queue.publish("noop", [n]) is None
@@ -291,3 +304,177 @@ def test_four_processes_bulk_publishing_at_once_each_get_the_ids_of_their_own_jo
             assert row["priority"] == 1 + n % 3 and row["serial_group"] == (f"g{n % 7}" if n % 2 else None)
     all_ids = [i for ids in results.values() for i in ids]
     assert len(set(all_ids)) == len(all_ids)
+
+
+# --- PostgreSQL sends a batch and reads its ids at the next flush: what a caller sees of that ---
+
+
+def _wait_until(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.02)
+
+
+def test_a_full_batch_is_committed_without_waiting_for_the_next_publish(make_queue, installed):
+    """The server commits a batch as soon as it has inserted it: jobs published in bulk reach
+    the workers while the publisher is busy elsewhere, whatever it does next."""
+    queue = make_queue(bulk_size=3)
+    with queue.bulk() as batch:
+        for n in range(4):
+            queue.publish("noop", [n])
+        _wait_until(lambda: count_rows(installed) == 3, "the first batch committed")
+    assert [_params_by_id(installed)[i] for i in batch.ids] == [[n] for n in range(4)]
+
+
+@pytest.fixture
+def refusing(installed, dialect):
+    """The test table refuses (a trigger raises) every row whose parameters hold "boom"."""
+    t = installed.table
+    if dialect == "postgres":
+        installed.sql(
+            f"CREATE FUNCTION {t}_boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " IF NEW.parameters_json::text LIKE '%%boom%%' THEN RAISE EXCEPTION 'boom refused'"
+            " USING ERRCODE = '22023'; END IF; RETURN NEW; END $$"
+        )
+        installed.sql(
+            f"CREATE TRIGGER {t}_boom BEFORE INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION {t}_boom()"
+        )
+    else:
+        installed.sql(
+            f"CREATE TRIGGER {t}_boom BEFORE INSERT ON {t} FOR EACH ROW"
+            " IF NEW.parameters_json LIKE '%%boom%%' THEN"
+            " SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'boom refused'; END IF"
+        )
+    try:
+        yield
+    finally:
+        installed.sql(f"DROP TRIGGER {t}_boom" + (f" ON {t}" if dialect == "postgres" else ""))
+        if dialect == "postgres":
+            installed.sql(f"DROP FUNCTION {t}_boom()")
+
+
+def test_a_refused_batch_raises_ends_the_bulk_and_keeps_the_ids_of_the_jobs_before_it(
+    make_queue, installed, refusing, returning
+):
+    """Batches of 3: the second holds a job the database refuses. Its error reaches the caller
+    from the publish that fills the batch after it (a batch that goes out without waiting) or
+    the one that fills it (MySQL 8), the bulk ends, and batch.ids are the ids of the jobs
+    published first, in order; none of the jobs after them is in the table, and the connection
+    serves the next publish."""
+    queue = returning(make_queue(bulk_size=3))
+    raised_at = None
+    with pytest.raises(DatabaseError, match="boom refused") as raised, queue.bulk() as batch:
+        for n in range(12):
+            raised_at = n
+            queue.publish("noop", ["boom" if n == 4 else "fine", n])
+    assert raised_at == (8 if queue.procs.sends_many else 5)
+    assert not isinstance(raised.value, OutcomeUnknownError)  # refused: certainly not inserted
+    by_id = _params_by_id(installed)
+    assert [by_id[i] for i in batch.ids] == [["fine", n] for n in range(3)]
+    assert len(by_id) == 3
+    after = queue.publish("noop", ["after"])  # the bulk is over: inserted at once
+    assert isinstance(after, int) and queue.end_bulk() == []
+    assert count_rows(installed) == 4
+
+
+def test_end_bulk_raises_the_error_of_the_last_batch(make_queue, installed, refusing):
+    queue = make_queue(bulk_size=3)
+    queue.start_bulk()
+    for n in range(3):
+        queue.publish("noop", ["fine", n])
+    queue.publish("noop", ["boom"])
+    with pytest.raises(DatabaseError, match="boom refused"):
+        queue.end_bulk()
+    assert sorted(v for v in _params_by_id(installed).values()) == [["fine", n] for n in range(3)]
+    assert isinstance(queue.publish("noop", ["after"]), int)
+
+
+def test_an_exception_inside_a_bulk_keeps_the_batch_already_sent(make_queue, installed):
+    """The caller's exception drops the jobs buffered; a batch already handed to the database is
+    in, and its ids are in batch.ids; the connection is back for the next publish."""
+    queue = make_queue(bulk_size=3)
+    with pytest.raises(RuntimeError), queue.bulk() as batch:
+        for n in range(4):
+            queue.publish("noop", [n])
+        raise RuntimeError("abort")
+    by_id = _params_by_id(installed)
+    assert [by_id[i] for i in batch.ids] == [[n] for n in range(3)] and len(by_id) == 3
+    assert isinstance(queue.publish("noop", ["after"]), int)
+    assert len(queue.store.database.alone._free) == 1  # one connection served both
+
+
+def test_a_sent_batch_that_fails_during_the_callers_exception_is_logged(
+    make_queue, installed, refusing, caplog
+):
+    """The caller's exception goes on; the failure of the batch it interrupted is logged."""
+    queue = make_queue(bulk_size=3)
+    with (
+        caplog.at_level(logging.ERROR, logger="bgq"),
+        pytest.raises(RuntimeError, match="abort"),
+        queue.bulk() as batch,
+    ):
+        for n in range(3):
+            queue.publish("noop", ["boom", n])
+        raise RuntimeError("abort")
+    assert "interrupted bulk failed" in caplog.text and "boom refused" in caplog.text
+    assert batch.ids == [] and count_rows(installed) == 0
+    assert isinstance(queue.publish("noop", ["after"]), int)
+
+
+def test_threads_that_end_inside_a_bulk_leave_no_connection_behind(make_queue, installed, monkeypatch):
+    """A bulk never ended (its thread returned after a batch was sent): the connection it held
+    is closed when the bulk is garbage, so publish's connection slots do not run out."""
+    monkeypatch.setattr(alone_module, "WAIT_S", 2.0)
+    queue = make_queue(bulk_size=2)
+    slots = queue.store.database.alone.in_use
+
+    def abandon(n: int) -> None:
+        queue.start_bulk()
+        queue.publish("noop", [n, 0])
+        queue.publish("noop", [n, 1])  # a full batch: sent (PostgreSQL) or inserted (MySQL)
+
+    for n in range(slots + 2):
+        thread = threading.Thread(target=abandon, args=(n,))
+        thread.start()
+        thread.join()
+        gc.collect()
+    assert isinstance(queue.publish("noop", ["after"]), int)  # a slot was free at once
+    _wait_until(lambda: count_rows(installed) == 2 * (slots + 2) + 1, "every sent batch committed")
+
+
+def _child_end_bulk(queue: Queue, out) -> None:
+    try:
+        queue.end_bulk()
+        out.put("no error")
+    except DatabaseError as exc:
+        out.put(str(exc))
+
+
+def test_a_batch_sent_before_a_fork_is_read_by_the_parent_only(make_queue, installed):
+    """A forked child must not read the reply meant for its parent's connection."""
+    queue = make_queue(bulk_size=3)
+    queue.start_bulk()
+    for n in range(3):
+        queue.publish("noop", [n])
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_end_bulk, args=(queue, out))
+    child.start()
+    message = out.get(timeout=60)
+    child.join(60)
+    assert "before a fork" in message
+    ids = queue.end_bulk()
+    by_id = _params_by_id(installed)
+    assert [by_id[i] for i in ids] == [[n] for n in range(3)] and len(by_id) == 3
+
+
+def test_an_empty_bulk_does_not_touch_the_database():
+    """Nothing published, nothing to insert or read: ending the bulk needs no connection."""
+    queue = Queue(callbacks={"noop": lambda: None}, database_url="postgresql://nobody@127.0.0.1:9/none")
+    with queue.bulk() as batch:
+        pass
+    queue.start_bulk()
+    assert queue.end_bulk() == [] and batch.ids == []
+    assert not queue.store.opened

@@ -140,6 +140,32 @@ def test_a_connection_lost_while_the_insert_is_in_flight_raises_and_never_insert
     assert _session(queue) != session and count_rows(installed) == 2
 
 
+def test_a_connection_lost_while_a_bulk_batch_is_in_flight_raises_at_end_bulk(dialect, installed, make_queue):
+    """A bulk's batch was sent (its outcome is read later), then its session died while the
+    INSERT waited for a lock: end_bulk raises an OutcomeUnknownError, the ids of the batches
+    before it stay, and the next publish opens a new connection."""
+    queue = make_queue(bulk_size=2, lock_timeout=30)
+    queue.publish("noop", ["alone"])
+    session = _session(queue)
+    with held_transaction(installed) as holder:
+        queue.start_bulk()
+        for n in range(2):
+            queue.publish("noop", [n])
+        _wait_until(lambda: count_rows(installed) == 3, "the first batch committed")
+        _hold_table_lock(holder, dialect, installed.table)
+        for n in range(2, 4):
+            queue.publish("noop", [n])  # the second batch goes out, and waits for the lock
+        _wait_until(lambda: _insert_waits(installed, dialect, session), "the INSERT waits for the lock")
+        _kill(installed, dialect, session)
+        with pytest.raises(OutcomeUnknownError):
+            queue.end_bulk()
+        if dialect == "mysql":
+            holder.exec_driver_sql("UNLOCK TABLES")
+    assert count_rows(installed) == 3
+    assert isinstance(queue.publish("noop", ["after"]), int)
+    assert _session(queue) != session and count_rows(installed) == 4
+
+
 def test_a_statement_error_keeps_the_connection(dialect, installed, make_queue):
     """A statement the server refuses (here: the state CHECK) commits nothing and leaves the
     connection usable: the error is the translated one, not a lost connection, and the

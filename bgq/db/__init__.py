@@ -14,10 +14,12 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 from ..errors import BgqError, ConnectionLostError, DatabaseError, DatabaseUnavailableError
-from .alone import Alone
+from .alone import Alone, Sent
 from .dialect import Dialect, InstalledRoutine, Proc
 
-__all__ = ["Database", "Dialect", "InstalledRoutine", "Proc", "dialect_for", "dialect_name", "normalise_url"]
+__all__ = [
+    "Database", "Dialect", "InstalledRoutine", "Proc", "Sent", "dialect_for", "dialect_name", "normalise_url",
+]  # fmt: skip
 
 
 def dialect_name(backend: str) -> str | None:
@@ -208,6 +210,13 @@ class Database:
         A connection lost after the statement was sent raises ConnectionLostError with
         `retryable` False (it may have committed); one found lost before is replaced silently."""
         return self.alone.execute(sql, values)
+
+    def send_alone(self, sql: str, values: Sequence[Any]) -> Sent:
+        """`execute_alone` without waiting for the server (where the dialect `can_send`): the
+        statement goes out now and `Sent.rows()` reads its rows later (a bulk publish,
+        meanwhile, validates its next batch). The errors are execute_alone's, raised here or by
+        `rows()`."""
+        return self.alone.send(sql, values)
 
     def dispose(self) -> None:
         self.alone.close()

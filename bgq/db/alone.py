@@ -19,6 +19,10 @@ otherwise hide); a connection that fails either check is closed and another one 
 statement goes out once. A connection lost *after* the statement went out leaves its outcome
 unknown (the server may have committed it before the connection broke), so it is never sent
 again: the caller gets an OutcomeUnknownError (a ConnectionLostError that is not retryable).
+
+`send` splits the same statement in two: it goes out at once and its reply is read later
+(`Sent.rows`), so that the server inserts a bulk's batch while the caller validates the next one.
+Meanwhile the connection is the Sent's; one dropped unread (its bulk never ended) is closed.
 """
 
 from __future__ import annotations
@@ -84,8 +88,7 @@ class Alone:
 
         Raises the translated error; a connection lost after the statement went out raises a
         OutcomeUnknownError (not retryable): the statement may have committed."""
-        if not self._slots.acquire(timeout=WAIT_S):
-            raise DatabaseError(f"No database connection became free for bgq within {WAIT_S:.0f} s.")
+        self._acquire()
         try:
             kept = self._take()
             try:
@@ -96,15 +99,7 @@ class Alone:
                 rows = list(cursor.fetchall()) if cursor.rownumber is not None else []
                 lastrowid = getattr(cursor, "lastrowid", None)
             except self.database.driver_error as exc:
-                usable = self.dialect.idle_outside_transaction(kept.conn)
-                if usable:
-                    self._give_back(kept)
-                else:
-                    kept.close()
-                error = self.database.translate(exc)
-                if not usable or isinstance(error, ConnectionLostError):
-                    raise _outcome_unknown(exc) from exc
-                raise error from exc
+                raise self._failed(kept, exc) from exc
             except BaseException:  # an interrupt mid-statement: the connection's state is unknown
                 kept.close()
                 raise
@@ -112,6 +107,45 @@ class Alone:
             return rows, lastrowid
         finally:
             self._slots.release()
+
+    def send(self, sql: str, values: Sequence[Any]) -> Sent:
+        """Put `sql` on the wire, in a transaction of its own, and return without waiting for
+        the server (Dialect.send, where `can_send`); `Sent.rows()` waits for its rows. The
+        caller works meanwhile (a bulk publish validates its next batch) while the server runs
+        and commits the statement. Until its rows are read, the connection (and one of the
+        `in_use` slots) belongs to the Sent. Errors as `execute`'s, from `rows()` once the
+        statement went out."""
+        self._acquire()
+        try:
+            kept = self._take()
+            try:
+                self.dialect.send(kept.conn, sql, values)
+            except self.database.driver_error as exc:
+                raise self._failed(kept, exc) from exc
+            except BaseException:  # an interrupt mid-send: the connection's state is unknown
+                kept.close()
+                raise
+            return Sent(self, kept)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _acquire(self) -> None:
+        if not self._slots.acquire(timeout=WAIT_S):
+            raise DatabaseError(f"No database connection became free for bgq within {WAIT_S:.0f} s.")
+
+    def _failed(self, kept: _Kept, exc: BaseException) -> BgqError:
+        """The error to raise for a driver error on `kept`, which goes back to the idle list
+        when it is still usable and is closed when it is not."""
+        usable = self.dialect.idle_outside_transaction(kept.conn)
+        if usable:
+            self._give_back(kept)
+        else:
+            kept.close()
+        error = self.database.translate(exc)
+        if not usable or isinstance(error, ConnectionLostError):
+            return _outcome_unknown(exc)
+        return error
 
     def close(self) -> None:
         """Close the idle connections; those in use close when their statement is done."""
@@ -171,6 +205,48 @@ class Alone:
             self._free.append(kept)
         else:
             kept.close()
+
+
+class Sent:
+    """A statement that Alone.send put on the wire, its rows not read yet. `rows()` reads them
+    (once) and gives the connection back. A Sent dropped unread (a thread that ended inside a
+    bulk) closes its connection and frees its slot; whether the server committed the statement
+    before it saw the connection close is then unknown."""
+
+    def __init__(self, alone: Alone, kept: _Kept) -> None:
+        self._alone = alone
+        self._kept = kept
+        self._pid = os.getpid()
+        self._unread = weakref.finalize(self, _dropped, kept, alone._slots, self._pid)
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        """The statement's rows (Dialect.read), once the server has committed it; raises as
+        Alone.execute does."""
+        if os.getpid() != self._pid:  # the parent's connection: reading it would take its replies
+            raise DatabaseError("A statement sent before a fork cannot be read in the child process.")
+        if not self._unread.detach():
+            raise DatabaseError("The rows of this statement were read already.")
+        alone, kept = self._alone, self._kept
+        try:
+            try:
+                rows = alone.dialect.read(kept.conn)
+            except alone.database.driver_error as exc:
+                raise alone._failed(kept, exc) from exc
+            except BaseException:  # an interrupt mid-wait: the connection's state is unknown
+                kept.close()
+                raise
+            alone._give_back(kept)
+            return rows
+        finally:
+            alone._slots.release()
+
+
+def _dropped(kept: _Kept, slots: threading.BoundedSemaphore, pid: int) -> None:
+    """A Sent garbage-collected unread: close its connection and free its slot (in the process
+    that sent it; a forked child leaves the parent's connection alone)."""
+    if os.getpid() == pid:
+        kept.close()
+        slots.release()
 
 
 def _forked(alone: weakref.ref[Alone]) -> None:

@@ -34,6 +34,8 @@ class Dialect(Protocol):
     """What differs between MySQL/MariaDB and PostgreSQL, and nothing else."""
 
     name: str
+    #: Whether `send` and `read` work with this driver.
+    can_send: bool
 
     def call_sql(self, table: str, proc: Proc) -> str:
         """The statement that calls `proc` with positional %s placeholders."""
@@ -64,6 +66,14 @@ class Dialect(Protocol):
     def keep_autocommit(self, dbapi_connection: Any) -> int:
         """Switch a connection bgq keeps for single statements (bgq/db/alone.py) to autocommit;
         return the file descriptor of its socket."""
+
+    def send(self, dbapi_connection: Any, sql: str, values: Sequence[Any]) -> None:
+        """Send one statement (%s placeholders) on a kept autocommit connection without waiting
+        for its outcome, which `read` waits for; the server runs and commits it meanwhile."""
+
+    def read(self, dbapi_connection: Any) -> list[tuple[Any, ...]]:
+        """The rows of the statement `send` sent, once the server has run it (PostgreSQL: each
+        value as the server's text, in bytes); its error raised as the driver's exception."""
 
     def idle_outside_transaction(self, dbapi_connection: Any) -> bool:
         """Whether a kept autocommit connection is open and outside any transaction (anything

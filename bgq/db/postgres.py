@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
+import hashlib
+import re
+import select
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,12 +53,20 @@ SERVER_ERRORS: dict[str, type[DatabaseError]] = {
 }
 _CONNECTION_CLASS = "08"
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+_FATAL_ERROR = psycopg.pq.ExecStatus.FATAL_ERROR
+_SQLSTATE = psycopg.pq.DiagnosticField.SQLSTATE
 #: A round trip that proves a connection alive (publish_async's ping of an idle connection).
 PING_SQL = "SELECT 1"
 
 
 class PostgresDialect:
     name = "postgres"
+    can_send = True
+
+    def __init__(self) -> None:
+        # The statements `send` prepared on each connection (by name): a connection that closes
+        # leaves with its own.
+        self._prepared: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
 
     def call_sql(self, table: str, proc: Proc) -> str:
         # Explicit casts: psycopg sends Python ints as int2/int4/int8 by size, and a function
@@ -121,6 +135,42 @@ class PostgresDialect:
     def idle_outside_transaction(self, dbapi_connection: Any) -> bool:
         return not dbapi_connection.closed and dbapi_connection.info.transaction_status == _IDLE
 
+    def send(self, dbapi_connection: Any, sql: str, values: Sequence[Any]) -> None:
+        """Send `sql` (%s placeholders; values str, int, datetime or None) with libpq's
+        PQsendQueryPrepared, the extended protocol's Bind, Execute and Sync, and return once it
+        is all on the wire: on an autocommit connection the server runs and commits it by itself
+        while the caller works; `read` waits for the outcome. psycopg's execute() sends the same
+        messages and then waits; its pipeline mode would need a BEGIN and a COMMIT around the
+        statement. The statement is prepared once per connection (one round trip), as psycopg
+        prepares those it runs often, unless the connection's prepare_threshold is None."""
+        pgconn = dbapi_connection.pgconn
+        encoding = dbapi_connection.info.encoding
+        params = [_text(v, encoding) for v in values]
+        if dbapi_connection.prepare_threshold is None:
+            pgconn.send_query_params(_numbered(sql).encode(encoding), params)
+        else:
+            prepared = self._prepared.setdefault(dbapi_connection, set())
+            name = _statement_name(sql)
+            if name not in prepared:
+                pgconn.send_prepare(name, _numbered(sql).encode(encoding))
+                _flush(pgconn)
+                for result in _results(pgconn):
+                    _check(result, encoding)
+                prepared.add(name)
+            pgconn.send_query_prepared(name, params)
+        _flush(pgconn)
+
+    def read(self, dbapi_connection: Any) -> list[tuple[Any, ...]]:
+        """The rows of the statement `send` sent, once the server has run it, each value as the
+        server's text (bytes; None for NULL); its error as psycopg raises it (the SQLSTATE's class)."""
+        encoding = dbapi_connection.info.encoding
+        rows: list[tuple[Any, ...]] = []
+        for result in _results(dbapi_connection.pgconn):
+            _check(result, encoding)
+            value, columns = result.get_value, range(result.nfields)
+            rows += [tuple([value(r, c) for c in columns]) for r in range(result.ntuples)]
+        return rows
+
     def table_exists_sql(self) -> str:
         return (
             # The table is created by an unquoted name, which PostgreSQL folds to lower case.
@@ -133,3 +183,64 @@ class PostgresDialect:
         install", the table's hash); a collision only makes two installs wait for each other."""
         keys = "hashtext('bgq install'), hashtext(lower(%s))"  # one table, whatever the case
         return f"SELECT pg_try_advisory_lock({keys})", f"SELECT pg_advisory_unlock({keys})"
+
+
+@functools.lru_cache(maxsize=16)
+def _numbered(sql: str) -> str:
+    """`sql` with libpq's $1, $2, ... for its %s placeholders (and % for %%)."""
+    numbers = iter(range(1, sql.count("%s") + 1))
+    return re.sub("%[s%]", lambda m: f"${next(numbers)}" if m.group() == "%s" else "%", sql)
+
+
+@functools.lru_cache(maxsize=16)
+def _statement_name(sql: str) -> bytes:
+    """The name `send` prepares `sql` under (psycopg names its own _pg3_N)."""
+    return b"bgq_" + hashlib.sha1(sql.encode()).hexdigest()[:20].encode()
+
+
+def _flush(pgconn: Any) -> None:
+    """Wait until libpq has written all it holds (a non-blocking connection writes what the
+    socket takes at once)."""
+    while pgconn.flush():
+        _wait(pgconn.socket, select.POLLOUT)
+
+
+def _results(pgconn: Any) -> list[Any]:
+    """Every result of the command in progress, waiting for the server as long as it takes."""
+    results: list[Any] = []
+    while True:
+        while pgconn.is_busy():
+            _wait(pgconn.socket, select.POLLIN)
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            return results
+        results.append(result)
+
+
+def _wait(fd: int, event: int) -> None:
+    poller = select.poll()  # not select.select: a descriptor above 1023 is fine
+    poller.register(fd, event)
+    poller.poll()
+
+
+def _check(result: Any, encoding: str) -> None:
+    """Raise a failed result's error as psycopg would: the class of its SQLSTATE."""
+    if result.status == _FATAL_ERROR:
+        state = (result.error_field(_SQLSTATE) or b"").decode()
+        try:
+            kind: type[psycopg.Error] = psycopg.errors.lookup(state)
+        except KeyError:
+            kind = psycopg.DatabaseError
+        raise kind((result.error_message or b"").decode(encoding, "replace"), info=result)
+
+
+def _text(value: Any, encoding: str) -> bytes | None:
+    """A parameter in PostgreSQL's text input format (the statement's casts give its type)."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value.isoformat().encode()
+    if isinstance(value, str | int):
+        return str(value).encode(encoding)
+    raise TypeError(f"send() takes str, int, datetime or None parameters, not {type(value).__name__}")
