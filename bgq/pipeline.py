@@ -84,8 +84,7 @@ class Pipeline:
         self.done: list[Done] = []
         self.lock = threading.Lock()
         self.wake = threading.Condition(self.lock)
-        self.writing = 0  # results the writer has taken and not yet written
-        self.writing_keeps = 0  # ... of which claim their group's next head
+        self.writing: list[Done] = []  # results the writer has taken and not yet written
         self.writes = 0  # calls of `write` that have ended (written or not)
         self.closing = False
         self.writer = threading.Thread(target=self._writer, name=name, daemon=True)
@@ -174,14 +173,15 @@ class Pipeline:
         head: jobs held once they are written), read together: a hand-off that ends meanwhile
         moves a job from the second count to the first, never out of both."""
         with self.lock:
-            return len(self.held), sum(d.keep for d in self.done) + self.writing_keeps
+            return len(self.held), sum(d.keep for d in (*self.done, *self.writing))
 
-    def groups(self) -> int:
-        """How many serial groups the jobs held and the results that claim their group's next
-        head belong to: the groups a `bgq work` worker keeps (each has one such job at most)."""
+    def groups(self) -> set[str]:
+        """The serial groups of the jobs held and of the results that claim their group's next
+        head: the groups a `bgq work` worker keeps."""
         with self.lock:
-            held = sum(h.job.claim.serial_group is not None for h in self.held)
-            return held + sum(d.keep for d in self.done) + self.writing_keeps
+            held = {g for h in self.held if (g := h.job.claim.serial_group) is not None}
+            pending = {g for d in (*self.done, *self.writing) if d.keep and (g := d.job.claim.serial_group)}
+            return held | pending
 
     def flush(self, wait: float) -> int:
         """Wait up to `wait` seconds for every result handed over so far to be written; return
@@ -200,7 +200,8 @@ class Pipeline:
         `wait` seconds of waiting, so the caller looks at its stop flag."""
         with self.lock:
             return self.wake.wait_for(
-                lambda: len(self.done) + self.writing < self.batch_max or self.closing, timeout=self.wait
+                lambda: len(self.done) + len(self.writing) < self.batch_max or self.closing,
+                timeout=self.wait,
             )
 
     # --- writer thread ---
@@ -214,8 +215,7 @@ class Pipeline:
                     )
                     self._release_stale()
                     batch, self.done = self.done, []
-                    self.writing = len(batch)
-                    self.writing_keeps = sum(d.keep for d in batch)
+                    self.writing = batch
                     closing = self.closing
                 if batch:
                     try:
@@ -227,7 +227,7 @@ class Pipeline:
                         self.log.critical("bgq: Writing results failed; going on.", exc_info=exc)
                     finally:
                         with self.lock:
-                            self.writing = self.writing_keeps = 0
+                            self.writing = []
                             self.writes += 1
                             self.wake.notify_all()
                 elif closing:

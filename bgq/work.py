@@ -21,8 +21,9 @@ give-backs, backpressure):
   - when the main thread has nothing else to run and the writer is idle, it writes the result
     itself (a lone group's chain: its successor waits for nothing but that commit);
   - a group is kept while the worker has room for its next job (`size`, below) and for at most
-    CHAIN_MAX hand-offs (or CHAIN_SECONDS) in a row; then its result is written without a
-    hand-off and a full claim follows, so better-priority work elsewhere gets its turn.
+    CHAIN_SECONDS in a row; then its result is written without a hand-off and a full claim
+    follows, so better-priority work elsewhere gets its turn. A worker keeps GROUPS_MAX groups
+    at most, and claims more only once it keeps half as many (fewer, larger claims).
 - A claimed job that has not started within pipeline.HOLD_SECONDS (and half of stalled_job_timeout) is
   given back (state READY, attempts restored) by the writer, so a slow job never holds others
   hostage and the reaper never finds a claimed-but-unstarted job.
@@ -63,8 +64,7 @@ POLL_MIN = 0.005  # first idle wait on MySQL after work was found
 STOP_CHECK = 0.5  # an idle worker looks at its stop flag at least this often
 HEADS_MAX = 50  # group heads one claim takes at most (finding more costs the claim more)
 GROUPS_MAX = 50  # groups one worker keeps at most: the others are left to the other workers
-CHAIN_MAX = 50  # hand-offs in one group before a full claim lets better-priority work in
-CHAIN_SECONDS = 1.0  # ... or this many seconds of hand-offs, whichever comes first
+CHAIN_SECONDS = 0.2  # a worker keeps a group this long at most, then lets better-priority work in
 EMPTY_CLAIMS = 2  # cron mode: claims in a row that found nothing before the run ends
 
 
@@ -145,8 +145,8 @@ class _Worker:
         self.deadline = deadline  # cron mode: claim nothing after this time.monotonic()
         self.ran = 0  # jobs whose callback ran (cron mode's limit counts these and the held ones)
         self.failed = False  # cron mode: the run ended on a database error
-        # The groups this worker keeps (main thread only): hand-offs in a row and since when.
-        self.kept: dict[str, tuple[int, float]] = {}
+        # The groups this worker keeps (main thread only), each since when (time.monotonic()).
+        self.kept: dict[str, float] = {}
 
     # --- main thread ---
 
@@ -182,7 +182,9 @@ class _Worker:
                 if held_now:  # a hand-off ended meanwhile: run its jobs first
                     continue
                 if keeping and (
-                    not room or self.pipeline.writes == futile or self.pipeline.groups() > GROUPS_MAX // 2
+                    not room
+                    or self.pipeline.writes == futile
+                    or len(self.pipeline.groups()) > GROUPS_MAX // 2
                 ):
                     # Results being written claim their groups' next heads: wait for them when
                     # they fill this worker's room, when the last claim found nothing more and
@@ -276,6 +278,8 @@ class _Worker:
         group's next head claimed (`_run`, `_write`)."""
         started = time.monotonic()
         procs, waiting_ms = self.store.procs, self.queue.config.waiting_job_expiration
+        owned = self.pipeline.groups()
+        self.kept = {g: since for g, since in self.kept.items() if g in owned}  # (ended groups out)
         jobs = self.executor.retrying(
             lambda conn: procs.claim_batch(
                 conn,
@@ -285,7 +289,7 @@ class _Worker:
                 self.low,
                 self.high,
                 waiting_ms,
-                max_heads=max(0, min(size, HEADS_MAX, GROUPS_MAX - self.pipeline.groups())),
+                max_heads=max(0, min(size, HEADS_MAX, GROUPS_MAX - len(owned))),
                 worker_id=self.executor.worker_id,
                 alone=True,
             )
@@ -329,18 +333,16 @@ class _Worker:
     def _keep(self, group: str) -> bool:
         """Whether this worker claims `group`'s next head with the result it just ran (a
         hand-off): while it has room for the job (it holds fewer than one claim's worth, and
-        in cron mode may still run it), and for at most CHAIN_MAX hand-offs (or CHAIN_SECONDS)
-        in a row, after which the group is let go, so that ungrouped jobs and other groups'
-        heads of a better priority, and other workers, get their turn through a full claim."""
+        in cron mode may still run it), and for at most CHAIN_SECONDS in a row, after which the
+        group is let go, so that ungrouped jobs and other groups' heads of a better priority,
+        and other workers, get their turn through a full claim."""
         if not self._room()[0]:  # (this job's successor would be one more)
             self.kept.pop(group, None)
             return False
         now = time.monotonic()
-        count, since = self.kept.get(group, (0, now))
-        if count >= CHAIN_MAX or now - since >= CHAIN_SECONDS:
-            self.kept.pop(group, None)
+        if now - self.kept.setdefault(group, now) >= CHAIN_SECONDS:
+            del self.kept[group]
             return False
-        self.kept[group] = (count + 1, since)
         return True
 
     def _write(self, batch: list[Done]) -> None:
