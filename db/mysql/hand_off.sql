@@ -106,6 +106,7 @@ BEGIN
     DECLARE v_locked LONGTEXT;
     DECLARE v_locked_count INT DEFAULT 0;
     DECLARE v_long LONGTEXT;
+    DECLARE v_written_groups LONGTEXT;
     DECLARE v_long_count INT DEFAULT 0;
     DECLARE v_head_plain INT DEFAULT 0;
     DECLARE v_head_claimable INT DEFAULT 0;
@@ -206,7 +207,10 @@ BEGIN
             ORDER BY n.name
             ON DUPLICATE KEY UPDATE updated_at = v_now;
             -- The jobs to write, locked: still PROCESSING under the results' claims.
-            SELECT STRAIGHT_JOIN COALESCE(JSON_ARRAYAGG(JSON_OBJECT('id', j.id)), '[]') INTO v_written
+            SELECT STRAIGHT_JOIN
+                COALESCE(JSON_ARRAYAGG(JSON_OBJECT('id', j.id)), '[]') AS written,
+                JSON_ARRAYAGG(j.serial_group) AS written_groups
+            INTO v_written, v_written_groups
             FROM
                 JSON_TABLE(
                     p_results, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.id', attempt INT PATH '$.attempt')
@@ -265,7 +269,9 @@ BEGIN
     IF v_short = 1 THEN
         -- The lone group's head (one index dive), claimed at once when it is a plain one and
         -- claimable here (the group row is locked already); any other head is kept for
-        -- {{ table }}_claim_job.
+        -- {{ table }}_claim_job. A written result was the group's PROCESSING job, so then the
+        -- group is free without a look at its running index (InnoDB's delete-marked entries of
+        -- a busy group make that look slow).
         SELECT
             h.id,
             h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL AS plain,
@@ -274,7 +280,7 @@ BEGIN
                 AND h.priority BETWEEN v_min AND v_max
                 AND {{ in_queue('h') | indent(16) }}
                 AND {{ due('h') | indent(16) }}
-                AND {{ no_job_running('v_group', 'x') }}
+                AND IF(v_written <> '[]', TRUE, {{ no_job_running('v_group', 'x') }})
             ) AS claimable
         INTO v_head, v_head_plain, v_head_claimable
         FROM {{ table }} AS h
@@ -337,7 +343,12 @@ BEGIN
             AND h.priority BETWEEN v_min AND v_max
             AND {{ in_queue('h') }}
             AND {{ due('h') | indent(12) }}
-            AND {{ no_job_running('h.serial_group', 'x') }};
+            -- (a group whose result was written here is free: no look at its running index)
+            AND IF(
+                JSON_CONTAINS(COALESCE(v_written_groups, '[]'), JSON_QUOTE(h.serial_group)),
+                TRUE,
+                {{ no_job_running('h.serial_group', 'x') }}
+            );
         IF v_claimed IS NOT NULL THEN
             -- The same columns as {{ table }}_claim_job writes; the group rows are locked.
             UPDATE

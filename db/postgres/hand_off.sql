@@ -202,7 +202,8 @@ BEGIN
                 AND j.priority BETWEEN v_min AND v_max
                 AND {{ in_queue('j') | indent(16) }}
                 AND {{ due('j') | indent(16) }}
-                AND {{ no_job_running('v_group') }}
+                -- (a written result was the group's PROCESSING job: the group is free)
+                AND (v_finished = 1 OR {{ no_job_running('v_group') }})
             RETURNING
                 j.id, j.number_of_attempts, j.callback_name, j.parameters_json, j.parameters,
                 j.queue, j.priority, j.serial_group, j.identifier, j.mode, j.coalesce_threshold
