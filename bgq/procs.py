@@ -250,7 +250,12 @@ ALL_PROCS: tuple[Proc, ...] = (
     CLAIM_IDS,
 )
 #: Called by the other procedures only, never by Python; installed all the same.
-INTERNAL_PROCS: tuple[Proc, ...] = (Proc("group_wake", ()), Proc("claim_job", ()), Proc("finish_results", ()))
+INTERNAL_PROCS: tuple[Proc, ...] = (
+    Proc("group_wake", ()),
+    Proc("claim_job", ()),
+    Proc("claim_heads", ()),
+    Proc("finish_results", ()),
+)
 
 _INSERT_COLUMNS = (
     "queue",
@@ -1035,10 +1040,6 @@ def _utc_or_none(value: dt.datetime | None) -> dt.datetime | None:
 class Waker(Protocol):
     """A wait that ends early when jobs are published (Procs.waker)."""
 
-    #: True when `wait()` also ends for released jobs (a group's next head, ...); when False those
-    #: are only found by claiming, so an idle worker keeps claiming at its own (doubling) pace.
-    wakes_on_release: bool
-
     def wait(self, timeout: float) -> bool:
         """Block up to `timeout` seconds; True if jobs may have been published meanwhile."""
 
@@ -1056,12 +1057,10 @@ class Prober:
 
     InnoDB answers MAX of the primary key from the index's last entry ("Select tables optimized
     away"), at the cost of a `SELECT 1`, whatever the table's size; autocommit gives each read a
-    fresh view, so it sees every commit. It sees new rows only (wakes_on_release False): released
-    jobs, jobs handed back and jobs that become due by time are found by the worker's own claims,
-    and so is a row whose id was taken before, but committed after, the newest one's.
+    fresh view, so it sees every commit. It sees new rows only: released jobs, jobs handed back
+    and jobs that become due by time are found by the worker's own claims, and so is a row whose
+    id was taken before, but committed after, the newest one's.
     """
-
-    wakes_on_release = False
 
     def __init__(self, db: Database, table: str, every: float = PROBE_SECONDS) -> None:
         raw = db.engine.raw_connection()
@@ -1106,8 +1105,6 @@ class Listener:
     The jobs table's statement-level insert trigger (schema.sql) and released jobs
     ({table}_finish_results) NOTIFY that channel; `wait()` returns as soon as one arrives.
     """
-
-    wakes_on_release = True
 
     def __init__(self, db: Database, table: str) -> None:
         raw = db.engine.raw_connection()

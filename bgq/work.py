@@ -30,10 +30,11 @@ give-backs, backpressure):
 - Backpressure: no claim while `batch_max` results wait to be written. An exception out of one
   write on the writer thread is logged at CRITICAL and the writer goes on (the batch's jobs stay
   PROCESSING for the reaper); one job's failing follow-up costs no other job its own.
-- Idle: PostgreSQL waits on LISTEN (the insert trigger and released jobs NOTIFY) up to `poll`
-  seconds. MySQL has no NOTIFY: its waker reads the table's newest id every few milliseconds
-  (procs.Prober) and ends the wait when it moved; released jobs, jobs handed back and jobs due by
-  time are found by claims that start POLL_MIN seconds apart and double up to `poll`.
+- Idle: PostgreSQL waits on LISTEN (the insert trigger and released jobs NOTIFY). MySQL has no
+  NOTIFY: its waker reads the table's newest id every few milliseconds (procs.Prober) and ends
+  the wait when it moved. Either way claims start POLL_MIN seconds apart and double up to `poll`
+  while they find nothing (jobs due by time, and candidates another worker took first, send no
+  wake-up).
 - Stalled jobs (a killed worker's) are reaped by the queue's Reaper on a thread of its own, every
   few seconds (bgq/reaper.py): no cron run is needed for that.
 - SIGTERM / SIGINT: the running job finishes and its result is written, unstarted claimed jobs
@@ -243,14 +244,15 @@ class _Worker:
         return max(0, room), held, keeping
 
     def _idle(self, waker: Waker | None, idle: float) -> Waker | None:
-        """Wait for work until a waker says jobs were published, or for `idle` seconds (`poll`
-        with a waker that also wakes on released jobs); in slices of at most STOP_CHECK seconds,
-        so SIGTERM ends an idle worker promptly. A broken waker is replaced at the next wait."""
+        """Wait for work until a waker says jobs were published, or for `idle` seconds, in slices
+        of at most STOP_CHECK seconds, so SIGTERM ends an idle worker promptly. `idle` starts at
+        POLL_MIN after work was found and doubles up to `poll`: a claim can find nothing while
+        work remains (another worker took every candidate it saw first), and no wake-up comes
+        for that, so the worker looks again soon. A broken waker is replaced at the next wait."""
         if waker is None and self.limit is None:  # the last one broke: open another (or poll)
             with contextlib.suppress(Exception):
                 waker = self.store.procs.waker()
-        wait = self.poll if waker is not None and waker.wakes_on_release else idle
-        deadline = time.monotonic() + min(wait, self.queue.scheduler.wait_bound())  # a fire is due then
+        deadline = time.monotonic() + min(idle, self.queue.scheduler.wait_bound())  # a fire is due then
         try:
             while not self.stop.requested:
                 left = deadline - time.monotonic()

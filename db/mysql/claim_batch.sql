@@ -32,19 +32,20 @@
 --   grouped jobs in (priority, id) order ({{ table }}_grouped), each checked by one dive on
 --   {{ table }}_pending_head; only when those hold too few heads, from each group's best
 --   priority (one pass over {{ table }}_pending_head), then its first id there. An ungrouped
---   job that is not UNIQUE is claimed by an UPDATE of the same columns {{ table }}_claim_job
---   writes (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id; postponed_by,
---   error_message and metadata cleared). So is a NORMAL group head without a coalescing
---   threshold, not WAITING, once its group row is locked, when it is still the group's head,
---   in the queue and not paused, and no job of the group is PROCESSING: what
---   {{ table }}_claim_job would check and write (the short way). Any other group head, or a
---   UNIQUE job, goes through {{ table }}_claim_job, which re-checks it under the group lock
---   (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs are returned.
+--   job that is not UNIQUE is claimed by an UPDATE of the same columns
+--   {{ table }}_claim_job writes (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id;
+--   postponed_by, error_message and metadata cleared); a UNIQUE one by {{ table }}_claim_job.
+--   The candidates are claimed in rounds, in (priority, id) order: each round takes the next
+--   ones, as many as are still to claim (and heads up to n), and claims them together, the heads
+--   through {{ table }}_claim_heads (each group's head re-derived and checked under its group
+--   lock); a candidate that could not be claimed makes room for the next round. Only claimed
+--   jobs are returned.
 -- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
---   UPDATE SKIP LOCKED too: a head whose group row another transaction holds (a claim or a
---   finish in progress) is left out and the next candidate is tried, so batch claims neither
---   wait for nor deadlock on each other. Only a group that has no row yet (never claimed) gets
---   it from {{ table }}_claim_job, which waits at most 3 s for a concurrent first claim.
+--   UPDATE SKIP LOCKED too ({{ table }}_claim_heads): a head whose group row another
+--   transaction holds (a claim or a finish in progress) is left out and the next candidate is
+--   tried, so batch claims neither wait for nor deadlock on each other. Only a group that has no
+--   row yet (never claimed) gets one from {{ table }}_claim_heads, which waits at most 3 s for a
+--   concurrent first claim of the same group.
 -- Fencing: every write is conditional on a claimable state.
 -- Errors: 31002 / SQLSTATE BQ002 when p_limit is NULL or < 1 (nothing written).
 -- Idempotent: no (each call claims more jobs); a claimed job is never claimed again.
@@ -78,10 +79,16 @@ BEGIN
     DECLARE v_head_json LONGTEXT DEFAULT NULL;
     DECLARE v_found INT DEFAULT 0;
     DECLARE v_scanned INT DEFAULT 0;
-    DECLARE v_locked INT DEFAULT 0;
-    DECLARE v_exists INT DEFAULT 0;
-    DECLARE v_head BIGINT UNSIGNED;
+    DECLARE v_take LONGTEXT DEFAULT JSON_ARRAY();
+    DECLARE v_take_unique LONGTEXT DEFAULT JSON_ARRAY();
+    DECLARE v_take_groups LONGTEXT DEFAULT JSON_ARRAY();
+    DECLARE v_round INT DEFAULT 0;
+    DECLARE v_round_heads INT DEFAULT 0;
+    DECLARE v_got LONGTEXT;
+    DECLARE v_list LONGTEXT;
+    DECLARE v_next VARCHAR(255) COLLATE utf8mb4_bin;
     DECLARE v_running INT DEFAULT 0;
+    DECLARE v_head BIGINT UNSIGNED;
     DECLARE v_done INT DEFAULT 0;
     DECLARE v_id BIGINT UNSIGNED;
     DECLARE v_outcome VARCHAR(16);
@@ -89,7 +96,7 @@ BEGIN
     DECLARE v_state SMALLINT;
     DECLARE v_predecessor BIGINT UNSIGNED;
     DECLARE v_promoted BIGINT UNSIGNED;
-    DECLARE v_group VARCHAR(255);
+    DECLARE v_group VARCHAR(255) COLLATE utf8mb4_bin;
     DECLARE v_mode VARCHAR(16);
     -- Every candidate by primary key, ungrouped first, then groups in serial_group order: no
     -- statement scans (and waits for) rows of other transactions.
@@ -177,8 +184,46 @@ BEGIN
     END IF;
 
     -- Too few heads among v_scan jobs (the first ones belong to busy groups, or are not heads):
-    -- every group's head, from one pass over the claimable grouped jobs.
+    -- every group's head, one group at a time in serial_group order ({{ table }}_pending_head:
+    -- the next group is one index dive), a group with a PROCESSING job passed over after one
+    -- probe of its running index; then the best v_head_candidates of those heads.
     IF v_found < v_head_candidates AND v_scanned >= v_scan THEN
+        SET v_head_json = JSON_ARRAY(), v_group = NULL;
+        group_loop: LOOP
+            SET v_next = NULL;
+            SELECT pending_group INTO v_next
+            FROM {{ table }}
+            WHERE pending_group > COALESCE(v_group, '')
+            ORDER BY pending_group
+            LIMIT 1;
+            IF v_next IS NULL THEN
+                LEAVE group_loop;
+            END IF;
+            SET v_group = v_next;
+            -- (SELECT ... INTO is a plain read; IF EXISTS (SELECT ...) would be a locking one.)
+            SELECT COUNT(*) INTO v_running
+            FROM {{ table }}
+            WHERE running_group = v_group;
+            IF v_running = 0 THEN
+                SET v_head = NULL;
+                SELECT h.id INTO v_head
+                FROM {{ table }} AS h
+                WHERE
+                    h.id = (
+                        SELECT x.id FROM {{ table }} AS x
+                        WHERE x.pending_group = v_group
+                        ORDER BY x.priority, x.id
+                        LIMIT 1
+                    )
+                    AND h.state IN (1, 4, 6, 8)
+                    AND h.priority BETWEEN v_min AND v_max
+                    AND {{ in_queue('h') | indent(20) }}
+                    AND {{ due('h') | indent(20) }};
+                IF v_head IS NOT NULL THEN
+                    SET v_head_json = JSON_ARRAY_APPEND(v_head_json, '$', v_head);
+                END IF;
+            END IF;
+        END LOOP;
         SELECT
             JSON_ARRAYAGG(
                 JSON_OBJECT(
@@ -193,29 +238,8 @@ BEGIN
                 j.priority,
                 j.serial_group,
                 j.mode
-            FROM (
-                -- Each group's best priority (one pass over {{ table }}_pending_head), then
-                -- the group's first id at that priority.
-                SELECT MIN(x.id) AS id
-                FROM (
-                    SELECT
-                        pending_group AS best_group,
-                        MIN(priority) AS best_priority
-                    FROM {{ table }}
-                    WHERE pending_group IS NOT NULL
-                    GROUP BY pending_group
-                ) AS m
-                INNER JOIN {{ table }} AS x
-                    ON x.pending_group = m.best_group AND x.priority = m.best_priority
-                GROUP BY m.best_group
-            ) AS heads
-            INNER JOIN {{ table }} AS j ON j.id = heads.id
-            WHERE
-                j.state IN (1, 4, 6, 8)
-                AND j.priority BETWEEN v_min AND v_max
-                AND {{ in_queue('j') }}
-                AND {{ due('j') }}
-                AND {{ no_job_running('j.serial_group') }}
+            FROM JSON_TABLE(v_head_json, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS c
+            INNER JOIN {{ table }} AS j ON j.id = c.id
             ORDER BY j.priority, j.id
             LIMIT v_head_candidates
         ) AS hh;
@@ -268,75 +292,65 @@ BEGIN
             ) AS u
     ) AS c;
 
+    -- In rounds, in (priority, id) order: the next candidates, up to what is still to claim
+    -- (and heads up to v_head_limit), claimed together: the ungrouped ones by one UPDATE (the
+    -- columns {{ table }}_claim_job writes; their rows are locked already) or, if UNIQUE, by
+    -- {{ table }}_claim_job; the heads' groups by {{ table }}_claim_heads. A candidate that
+    -- could not be claimed (its group row held elsewhere, raced) makes room for the next ones.
+    SET v_done = 0;  -- (a SELECT ... INTO above that found no row set it)
     OPEN one_by_one;
     fetch_loop: LOOP
         FETCH one_by_one INTO v_id, v_group, v_mode;
-        IF v_done = 1 OR v_count >= p_limit THEN
-            LEAVE fetch_loop;
-        END IF;
-        IF v_group IS NOT NULL AND v_heads >= v_head_limit THEN
-            ITERATE fetch_loop;
-        END IF;
-        IF v_group IS NOT NULL THEN
-            -- The group row without waiting: one another transaction holds (a claim or a finish
-            -- in progress) is there but not lockable, and its head is left out. (A group without
-            -- a row yet gets one from {{ table }}_claim_job.) SELECT ... INTO is a plain read.
-            SELECT COUNT(*) INTO v_locked
-            FROM {{ table }}_group
-            WHERE serial_group = v_group
-            FOR UPDATE SKIP LOCKED;
-            SELECT COUNT(*) INTO v_exists
-            FROM {{ table }}_group
-            WHERE serial_group = v_group;
-            IF v_locked = 0 AND v_exists > 0 THEN
-                ITERATE fetch_loop;
+        IF v_done = 0 THEN
+            IF v_group IS NULL AND v_mode <> 'unique' THEN
+                SET v_take = JSON_ARRAY_APPEND(v_take, '$', v_id), v_round = v_round + 1;
+            ELSEIF v_group IS NULL THEN
+                SET v_take_unique = JSON_ARRAY_APPEND(v_take_unique, '$', v_id), v_round = v_round + 1;
+            ELSEIF v_heads + v_round_heads < v_head_limit THEN
+                SET v_take_groups = JSON_ARRAY_APPEND(v_take_groups, '$', v_group);
+                SET v_round = v_round + 1, v_round_heads = v_round_heads + 1;
             END IF;
         END IF;
-        SET v_outcome = NULL;
-        IF v_group IS NULL AND v_mode <> 'unique' THEN
-            -- The same columns as {{ table }}_claim_job writes; the row is locked already.
-            UPDATE {{ table }}
-            SET
-                {{ claim_write() | indent(16) }}
-            WHERE id = v_id AND state IN (1, 4, 6, 8);
-            SET v_outcome = IF(ROW_COUNT() > 0, 'claimed', NULL);
-        ELSE
-            IF v_group IS NOT NULL AND v_locked > 0 AND v_mode = 'normal' THEN
-                -- The short way (see Steps), under the group lock: the head of a group without a
-                -- PROCESSING job is what {{ table }}_claim_job's predecessor check asks; a head
-                -- that needs anything more of it (WAITING, coalescing) goes the long way below.
-                SET v_head = NULL;
-                SELECT id INTO v_head
-                FROM {{ table }}
-                WHERE pending_group = v_group
-                ORDER BY priority, id
-                LIMIT 1;
-                SELECT COUNT(*) INTO v_running
-                FROM {{ table }}
-                WHERE running_group = v_group;
-                IF v_head = v_id AND v_running = 0 THEN
-                    UPDATE {{ table }}
-                    SET
-                        {{ claim_write() | indent(24) }}
-                    WHERE
-                        id = v_id
-                        AND state IN (1, 4, 8)
-                        AND coalesce_threshold IS NULL
-                        AND {{ in_queue() }}
-                        AND {{ not_paused() }};
-                    SET v_outcome = IF(ROW_COUNT() > 0, 'claimed', NULL);
-                END IF;
+        IF v_round > 0 AND (v_done = 1 OR v_round >= p_limit - v_count) THEN
+            -- The ungrouped ones, by one UPDATE on their primary key (see run_listed): the
+            -- columns {{ table }}_claim_job writes; their rows are locked by this transaction
+            -- since the candidates were read, so every one is claimed.
+            {{ listed('v_take', 'v_list') | indent(12) }};
+            IF v_list IS NOT NULL THEN
+                SET @bgq_now = v_now, @bgq_pid = p_pid, @bgq_worker = p_worker_id;
+                {{ run_listed(
+                    'bgq_batch_claim',
+                    'UPDATE ' ~ table ~ ' SET ' ~ claim_write(now='?', pid='?', worker='?') ~ ' WHERE id IN',
+                    'v_list',
+                    ' AND state IN (1, 4, 6, 8)',
+                    '@bgq_now, @bgq_pid, @bgq_worker, @bgq_now',
+                ) | indent(16) }}
+                SET v_claimed = JSON_MERGE_PRESERVE(v_claimed, v_take);
             END IF;
-            IF v_outcome IS NULL THEN
+            WHILE JSON_LENGTH(v_take_unique) > 0 DO
+                SET v_id = JSON_VALUE(v_take_unique, '$[0]');
+                SET v_take_unique = JSON_REMOVE(v_take_unique, '$[0]');
                 CALL {{ table }}_claim_job(
                     v_id, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now,
                     v_outcome, v_attempt, v_state, v_predecessor, v_promoted
                 );
+                IF v_outcome = 'claimed' THEN
+                    SET v_claimed = JSON_ARRAY_APPEND(v_claimed, '$', v_id);
+                END IF;
+            END WHILE;
+            IF JSON_LENGTH(v_take_groups) > 0 THEN
+                CALL {{ table }}_claim_heads(
+                    v_take_groups, NULL, p_queue, p_pid, p_min_priority, p_max_priority,
+                    p_waiting_ms, p_worker_id, v_now, v_got
+                );
+                SET v_claimed = JSON_MERGE_PRESERVE(v_claimed, v_got);
+                SET v_heads = v_heads + JSON_LENGTH(v_got);
             END IF;
+            SET v_count = JSON_LENGTH(v_claimed), v_round = 0, v_round_heads = 0;
+            SET v_take = JSON_ARRAY(), v_take_unique = JSON_ARRAY(), v_take_groups = JSON_ARRAY();
         END IF;
-        IF v_outcome = 'claimed' THEN
-            SET v_claimed = JSON_ARRAY_APPEND(v_claimed, '$', v_id), v_count = v_count + 1;
-            SET v_heads = v_heads + IF(v_group IS NULL, 0, 1);
+        IF v_done = 1 OR v_count >= p_limit THEN
+            LEAVE fetch_loop;
         END IF;
     END LOOP;
     CLOSE one_by_one;
@@ -353,18 +367,8 @@ BEGIN
         j.identifier,
         j.mode,
         j.coalesce_threshold
-    FROM {{ table }} AS j
-    INNER JOIN
-        JSON_TABLE(
-            v_candidates, '$[*]' COLUMNS (
-                id BIGINT UNSIGNED PATH '$.id',
-                serial_group VARCHAR(255) PATH '$.serial_group',
-                mode VARCHAR(16) PATH '$.mode'
-            )
-        ) AS c
-        ON c.id = j.id
-    WHERE
-        j.state = 2
-        AND JSON_CONTAINS(v_claimed, CAST(j.id AS CHAR))
+    FROM JSON_TABLE(v_claimed, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS c
+    INNER JOIN {{ table }} AS j ON j.id = c.id
+    WHERE j.state = 2
     ORDER BY j.priority, j.id;
 END

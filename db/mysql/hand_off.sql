@@ -102,12 +102,8 @@ BEGIN
     DECLARE v_plain INT DEFAULT 1;
     DECLARE v_result_groups LONGTEXT;
     DECLARE v_wake LONGTEXT;
-    DECLARE v_wanted INT DEFAULT 0;
-    DECLARE v_locked LONGTEXT;
-    DECLARE v_locked_count INT DEFAULT 0;
-    DECLARE v_long LONGTEXT;
-    DECLARE v_written_groups LONGTEXT;
-    DECLARE v_long_count INT DEFAULT 0;
+    DECLARE v_written_groups LONGTEXT DEFAULT '[]';
+    DECLARE v_list LONGTEXT;
     DECLARE v_head_plain INT DEFAULT 0;
     DECLARE v_head_claimable INT DEFAULT 0;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
@@ -206,40 +202,39 @@ BEGIN
             WHERE n.name IS NOT NULL
             ORDER BY n.name
             ON DUPLICATE KEY UPDATE updated_at = v_now;
-            -- The jobs to write, locked: still PROCESSING under the results' claims.
-            SELECT STRAIGHT_JOIN
-                COALESCE(JSON_ARRAYAGG(JSON_OBJECT('id', j.id)), '[]') AS written,
-                JSON_ARRAYAGG(j.serial_group) AS written_groups
-            INTO v_written, v_written_groups
-            FROM
-                JSON_TABLE(
-                    p_results, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.id', attempt INT PATH '$.attempt')
-                ) AS r
-            INNER JOIN {{ table }} AS j ON j.id = r.id
-            WHERE j.state = 2 AND j.number_of_attempts = r.attempt
-            FOR UPDATE;
-            -- As {{ table }}_finish_results writes a FINISHED result (a JSON null memory: NULL).
-            UPDATE
-                    JSON_TABLE(
-                        p_results, '$[*]' COLUMNS (
-                            id BIGINT UNSIGNED PATH '$.id',
-                            attempt INT PATH '$.attempt',
-                            error LONGTEXT PATH '$.error',
-                            postponed_by INT PATH '$.postponed_by',
-                            execution_time INT PATH '$.execution_time',
-                            memory JSON PATH '$.memory'
-                        )
-                    ) AS r
-                INNER JOIN {{ table }} AS j ON j.id = r.id
-            SET
-                j.execution_time = r.execution_time,
-                j.memory = NULLIF(r.memory, 'null'),
-                j.finished_at = v_now,
-                j.error_message = r.error,
-                j.postponed_by = r.postponed_by,
-                j.updated_at = v_now,
-                j.state = 3
-            WHERE j.state = 2 AND j.number_of_attempts = r.attempt;
+            -- The jobs to write, locked: still PROCESSING under the results' claims; then the
+            -- results written as {{ table }}_finish_results writes a FINISHED one (a JSON null
+            -- memory: NULL). Both statements reach the jobs by their primary key (see
+            -- run_listed).
+            SELECT GROUP_CONCAT(r.id) INTO v_list
+            FROM JSON_TABLE(p_results, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.id')) AS r;
+            SET @bgq_results = p_results, @bgq_now = v_now;
+            {{ run_listed(
+                'bgq_hand_off_lock',
+                'SELECT COALESCE(JSON_ARRAYAGG(JSON_OBJECT(\'id\', j.id)), \'[]\'),'
+                ~ ' COALESCE(JSON_ARRAYAGG(j.serial_group), \'[]\') INTO @bgq_written, @bgq_groups'
+                ~ ' FROM ' ~ table ~ ' AS j INNER JOIN JSON_TABLE(?, \'$[*]\' COLUMNS'
+                ~ ' (id BIGINT UNSIGNED PATH \'$.id\', attempt INT PATH \'$.attempt\')) AS r'
+                ~ ' ON r.id = j.id WHERE j.id IN',
+                'v_list',
+                ' AND j.state = 2 AND j.number_of_attempts = r.attempt FOR UPDATE',
+                '@bgq_results',
+            ) | indent(12) }}
+            SET v_written = @bgq_written, v_written_groups = @bgq_groups;
+            {{ run_listed(
+                'bgq_hand_off_write',
+                'UPDATE ' ~ table ~ ' AS j INNER JOIN JSON_TABLE(?, \'$[*]\' COLUMNS ('
+                ~ 'id BIGINT UNSIGNED PATH \'$.id\', attempt INT PATH \'$.attempt\','
+                ~ ' error LONGTEXT PATH \'$.error\', postponed_by INT PATH \'$.postponed_by\','
+                ~ ' execution_time INT PATH \'$.execution_time\', memory JSON PATH \'$.memory\''
+                ~ ')) AS r ON r.id = j.id SET j.execution_time = r.execution_time,'
+                ~ ' j.memory = NULLIF(r.memory, \'null\'), j.finished_at = ?,'
+                ~ ' j.error_message = r.error, j.postponed_by = r.postponed_by, j.updated_at = ?,'
+                ~ ' j.state = 3 WHERE j.id IN',
+                'v_list',
+                ' AND j.state = 2 AND j.number_of_attempts = r.attempt',
+                '@bgq_results, @bgq_now, @bgq_now',
+            ) | indent(12) }}
             -- The groups to wake (a WAITING job, or a recorded waiting head), each once.
             SELECT STRAIGHT_JOIN JSON_ARRAYAGG(g.serial_group) INTO v_wake
             FROM (
@@ -263,9 +258,8 @@ BEGIN
         END IF;
     END IF;
 
-    -- The group rows of p_groups without waiting: this transaction holds those of its results'
-    -- groups already; one another transaction holds is left alone, with its group's head. Each
-    -- group once.
+    -- The heads: the short way's one group here, any other call's groups by
+    -- {{ table }}_claim_heads.
     IF v_short = 1 THEN
         -- The lone group's head (one index dive), claimed at once when it is a plain one and
         -- claimable here (the group row is locked already); any other head is kept for
@@ -295,113 +289,23 @@ BEGIN
             WHERE id = v_head AND state IN (1, 4, 8);
             SET v_claimed = IF(ROW_COUNT() > 0, JSON_ARRAY(JSON_OBJECT('claimed', v_head)), NULL);
         ELSEIF v_head_claimable = 1 THEN
-            SET v_long = JSON_ARRAY(v_head), v_long_count = 1;
-        END IF;
-    ELSE
-        SELECT COUNT(DISTINCT n.name) INTO v_wanted
-        FROM JSON_TABLE(p_groups, '$[*]' COLUMNS (name VARCHAR(255) PATH '$')) AS n;
-        IF v_wanted > 0 THEN
-            SELECT STRAIGHT_JOIN
-                COUNT(*) AS locked_count,
-                JSON_ARRAYAGG(g.serial_group) AS locked
-            INTO v_locked_count, v_locked
-            FROM (
-                SELECT DISTINCT n.name
-                FROM JSON_TABLE(p_groups, '$[*]' COLUMNS (name VARCHAR(255) PATH '$')) AS n
-            ) AS n
-            INNER JOIN {{ table }}_group AS g ON g.serial_group = n.name COLLATE utf8mb4_bin
-            FOR UPDATE SKIP LOCKED;
-        END IF;
-    END IF;
-    IF v_locked_count > 0 THEN
-        -- Each locked group's head (one index dive each), if it is claimable here: the plain ones
-        -- are claimed at once, the others (WAITING, UNIQUE, RECURRING, coalescing) kept for
-        -- {{ table }}_claim_job.
-        SELECT STRAIGHT_JOIN
-            JSON_ARRAYAGG(IF(
-                h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL,
-                JSON_OBJECT('claimed', h.id),
-                NULL
-            )) AS plain,
-            JSON_ARRAYAGG(IF(
-                h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL, NULL, h.id
-            )) AS other,
-            SUM(NOT (h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL)) AS others
-        INTO v_claimed, v_long, v_long_count
-        FROM (
-            SELECT (
-                SELECT x.id FROM {{ table }} AS x
-                WHERE x.pending_group = l.name COLLATE utf8mb4_bin
-                ORDER BY x.priority, x.id
-                LIMIT 1
-            ) AS head_id
-            FROM JSON_TABLE(v_locked, '$[*]' COLUMNS (name VARCHAR(255) PATH '$')) AS l
-        ) AS d
-        INNER JOIN {{ table }} AS h ON h.id = d.head_id
-        WHERE
-            h.state IN (1, 4, 6, 8)
-            AND h.priority BETWEEN v_min AND v_max
-            AND {{ in_queue('h') }}
-            AND {{ due('h') | indent(12) }}
-            -- (a group whose result was written here is free: no look at its running index)
-            AND IF(
-                JSON_CONTAINS(COALESCE(v_written_groups, '[]'), JSON_QUOTE(h.serial_group)),
-                TRUE,
-                {{ no_job_running('h.serial_group', 'x') }}
-            );
-        IF v_claimed IS NOT NULL THEN
-            -- The same columns as {{ table }}_claim_job writes; the group rows are locked.
-            UPDATE
-                    JSON_TABLE(v_claimed, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.claimed')) AS c
-                INNER JOIN {{ table }} AS j ON j.id = c.id
-            SET
-                {{ claim_write('j') | indent(16) }}
-            WHERE j.state IN (1, 4, 8);
-        END IF;
-    END IF;
-    IF v_locked_count < v_wanted THEN
-        -- The heads of groups that have no row yet (never claimed, or cleared):
-        -- {{ table }}_claim_job creates the row, and may wait for a concurrent first claim.
-        SELECT
-            JSON_MERGE_PRESERVE(COALESCE(v_long, '[]'), COALESCE(JSON_ARRAYAGG(h.id), '[]')) AS heads,
-            COUNT(*) AS found
-        INTO v_long, v_i
-        FROM (
-            SELECT DISTINCT m.name
-            FROM JSON_TABLE(p_groups, '$[*]' COLUMNS (name VARCHAR(255) PATH '$')) AS m
-        ) AS n
-        LEFT JOIN {{ table }}_group AS r ON r.serial_group = n.name COLLATE utf8mb4_bin
-        INNER JOIN {{ table }} AS h
-            ON
-                h.id = (
-                    SELECT x.id FROM {{ table }} AS x
-                    WHERE x.pending_group = n.name COLLATE utf8mb4_bin
-                    ORDER BY x.priority, x.id
-                    LIMIT 1
-                )
-        WHERE
-            r.serial_group IS NULL
-            AND h.state IN (1, 4, 6, 8)
-            AND h.priority BETWEEN v_min AND v_max
-            AND {{ in_queue('h') }}
-            AND {{ due('h') | indent(12) }}
-            AND {{ no_job_running('h.serial_group', 'x') }};
-        SET v_long_count = v_long_count + v_i;
-    END IF;
-    SET v_i = 0, v_claimed = COALESCE(v_claimed, '[]');
-    WHILE v_long_count > 0 AND v_i < JSON_LENGTH(v_long) DO
-        SET v_head = JSON_VALUE(v_long, CONCAT('$[', v_i, ']'));
-        SET v_i = v_i + 1;
-        IF v_head IS NOT NULL THEN
             CALL {{ table }}_claim_job(
                 v_head, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now,
                 v_outcome, v_attempt, v_state, v_predecessor, v_promoted
             );
             IF v_outcome = 'claimed' THEN
-                SET v_claimed = JSON_ARRAY_APPEND(v_claimed, '$', JSON_OBJECT('claimed', v_head));
+                SET v_claimed = JSON_ARRAY(JSON_OBJECT('claimed', v_head));
             END IF;
         END IF;
-    END WHILE;
+    ELSE
+        CALL {{ table }}_claim_heads(
+            p_groups, v_written_groups, p_queue, p_pid, p_min_priority, p_max_priority,
+            p_waiting_ms, p_worker_id, v_now, v_claimed
+        );
+        SELECT JSON_ARRAYAGG(JSON_OBJECT('claimed', c.id)) INTO v_claimed
+        FROM JSON_TABLE(v_claimed, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$')) AS c;
+    END IF;
+    SET v_claimed = COALESCE(v_claimed, '[]');
 
     -- One row per result, then the claimed jobs: one pass, no UNION and no ORDER BY (MariaDB
     -- would copy the claimed jobs' BLOB and JSON columns into a temporary table). The columns in

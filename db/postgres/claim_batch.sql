@@ -35,20 +35,18 @@
 --   (a cost that grows with the groups: every group's first jobs busy or not due). An
 --   ungrouped job that is not UNIQUE is claimed by an UPDATE of the same columns
 --   {{ table }}_claim_job writes (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id;
---   postponed_by, error_message and metadata cleared). So is a NORMAL group head without a
---   coalescing threshold, not WAITING, once its group row is locked, when it is still the
---   group's head, in the queue and not paused, and no job of the group is PROCESSING: what
---   {{ table }}_claim_job would check and write (the short way). The short way takes the first
---   heads at once: the group rows of up to n heads among the first p_limit candidates are locked
---   in one statement and their claimable heads claimed by one UPDATE; every other candidate is
---   tried one at a time, in order. Any other group head, or a UNIQUE job, goes through
---   {{ table }}_claim_job, which re-checks it under the group lock
---   (predecessor, UNIQUE duplicate, coalescing); only 'claimed' jobs are returned.
+--   postponed_by, error_message and metadata cleared); a UNIQUE one by {{ table }}_claim_job.
+--   The candidates are claimed in rounds, in (priority, id) order: each round takes the next
+--   ones, as many as are still to claim (and heads up to n), and claims them together, the heads
+--   through {{ table }}_claim_heads (each group's head re-derived and checked under its group
+--   lock); a candidate that could not be claimed makes room for the next round. Only claimed
+--   jobs are returned.
 -- Locks: ungrouped candidates FOR UPDATE SKIP LOCKED (never waits for them); group rows FOR
---   UPDATE SKIP LOCKED too: a head whose group row another transaction holds (a claim or a
---   finish in progress) is left out and the next candidate is tried, so batch claims neither
---   wait for nor deadlock on each other. Only a group that has no row yet (never claimed) gets
---   it from {{ table }}_claim_job, which waits at most 3 s for a concurrent first claim.
+--   UPDATE SKIP LOCKED too ({{ table }}_claim_heads): a head whose group row another
+--   transaction holds (a claim or a finish in progress) is left out and the next candidate is
+--   tried, so batch claims neither wait for nor deadlock on each other. Only a group that has no
+--   row yet (never claimed) gets one from {{ table }}_claim_heads, which waits at most 3 s for a
+--   concurrent first claim of the same group.
 -- Fencing: every write is conditional on a claimable state.
 -- Errors: SQLSTATE BQ002 when p_limit is NULL or < 1 (nothing written).
 -- Idempotent: no (each call claims more jobs); a claimed job is never claimed again.
@@ -98,10 +96,12 @@ DECLARE
     v_hpriorities INTEGER[];
     v_hgroups VARCHAR[];
     v_hmodes VARCHAR[];
-    v_locked BOOLEAN;
-    v_pre_groups VARCHAR[];
-    v_pre BIGINT[];
-    v_ungrouped_left INTEGER;
+    v_count INTEGER;
+    v_pos INTEGER := 1;
+    v_take BIGINT[];
+    v_take_groups VARCHAR[];
+    v_round_heads INTEGER;
+    v_got BIGINT[];
     c RECORD;
 BEGIN
     IF p_limit IS NULL OR p_limit < 1 THEN
@@ -206,9 +206,8 @@ BEGIN
     SELECT
         ARRAY_AGG(c.id ORDER BY c.priority, c.id),
         ARRAY_AGG(c.serial_group ORDER BY c.priority, c.id),
-        ARRAY_AGG(c.mode ORDER BY c.priority, c.id),
-        COUNT(*) FILTER (WHERE c.serial_group IS NULL)
-    INTO v_ids, v_groups, v_modes, v_ungrouped_left
+        ARRAY_AGG(c.mode ORDER BY c.priority, c.id)
+    INTO v_ids, v_groups, v_modes
     FROM (
         SELECT f.id, f.priority, NULL::VARCHAR AS serial_group, f.mode
         FROM (
@@ -229,109 +228,51 @@ BEGIN
         FROM UNNEST(v_hids, v_hpriorities, v_hgroups, v_hmodes) AS u (id, priority, serial_group, mode)
     ) AS c;
 
-    -- The short way for the first heads, as one statement (see Steps): of the first p_limit
-    -- candidates, the group rows of up to v_head_limit heads are locked without waiting (a row
-    -- another transaction holds is skipped), and the heads of the locked groups that the short
-    -- way may claim are claimed by one UPDATE, under those locks. Each ranks among the first
-    -- p_limit candidates: counted as claimed from the start, they never keep the loop below
-    -- from reaching a candidate ranked before them. The loop takes every other candidate one at
-    -- a time, and ends once no candidate left could be claimed.
-    SELECT ARRAY_AGG(l.serial_group) INTO v_pre_groups
-    FROM (
-        SELECT g.serial_group
-        FROM {{ table }}_group AS g
-        WHERE g.serial_group IN (
-            SELECT u.serial_group
-            FROM UNNEST(v_groups[1:p_limit]) WITH ORDINALITY AS u (serial_group, o)
-            WHERE u.serial_group IS NOT NULL
-            ORDER BY u.o
-            LIMIT v_head_limit
-        )
-        FOR UPDATE SKIP LOCKED
-    ) AS l;
-    IF v_pre_groups IS NOT NULL THEN
-        WITH pre AS (
+    -- In rounds, in (priority, id) order: the next candidates, up to what is still to claim
+    -- (and heads up to v_head_limit), claimed together: the ungrouped ones by one UPDATE (the
+    -- columns {{ table }}_claim_job writes; their rows are locked already) or, if UNIQUE, by
+    -- {{ table }}_claim_job; the heads' groups by {{ table }}_claim_heads. A candidate that
+    -- could not be claimed (its group row held elsewhere, raced) makes room for the next ones.
+    v_count := COALESCE(ARRAY_LENGTH(v_ids, 1), 0);
+    WHILE v_pos <= v_count AND COALESCE(ARRAY_LENGTH(v_claimed, 1), 0) < p_limit LOOP
+        v_take := '{}';
+        v_take_groups := '{}';
+        v_round_heads := 0;
+        WHILE v_pos <= v_count
+            AND CARDINALITY(v_take) + CARDINALITY(v_take_groups)
+            < p_limit - COALESCE(ARRAY_LENGTH(v_claimed, 1), 0) LOOP
+            IF v_groups[v_pos] IS NULL THEN
+                v_take := v_take || v_ids[v_pos];
+            ELSIF v_heads + v_round_heads < v_head_limit THEN
+                v_take_groups := v_take_groups || v_groups[v_pos];
+                v_round_heads := v_round_heads + 1;
+            END IF;
+            v_pos := v_pos + 1;
+        END LOOP;
+        EXIT WHEN CARDINALITY(v_take) + CARDINALITY(v_take_groups) = 0;
+        WITH taken AS (
             UPDATE {{ table }} AS j
             SET {{ claim_write() | indent(16) }}
-            FROM
-                UNNEST(v_ids[1:p_limit], v_groups[1:p_limit], v_modes[1:p_limit])
-                    AS u (id, serial_group, mode)
-            WHERE
-                u.serial_group = ANY(v_pre_groups)
-                AND u.mode = 'normal'
-                AND j.id = u.id
-                AND j.state IN (1, 4, 8)
-                AND j.coalesce_threshold IS NULL
-                AND {{ in_queue('j') | indent(16) }}
-                AND {{ not_paused('j') | indent(16) }}
-                AND j.id = {{ group_head_id('u.serial_group') | indent(16) }}
-                AND {{ no_job_running('u.serial_group') }}
+            WHERE j.id = ANY(v_take) AND j.mode <> 'unique' AND (j.state IN (1, 4, 6, 8)) IS TRUE
             RETURNING j.id
         )
 
-        SELECT ARRAY_AGG(pre.id) INTO v_pre FROM pre;
-    END IF;
-    v_claimed := COALESCE(v_pre, '{}');
-    v_heads := COALESCE(ARRAY_LENGTH(v_claimed, 1), 0);
-
-    -- One candidate at a time, in (priority, id) order, until p_limit are claimed. A group's row
-    -- is locked without waiting: one that another transaction holds (a claim or a finish in
-    -- progress) is skipped, so concurrent batch claims never wait for or deadlock on each other.
-    FOR i IN 1 .. COALESCE(ARRAY_LENGTH(v_ids, 1), 0) LOOP
-        EXIT WHEN
-            COALESCE(ARRAY_LENGTH(v_claimed, 1), 0) >= p_limit
-            OR (v_ungrouped_left = 0 AND v_heads >= v_head_limit);
-        IF v_groups[i] IS NULL THEN
-            v_ungrouped_left := v_ungrouped_left - 1;
-        END IF;
-        IF v_groups[i] IS NULL AND v_modes[i] <> 'unique' THEN
-            -- The same columns as {{ table }}_claim_job writes; the row is locked already.
-            UPDATE {{ table }} AS j
-            SET {{ claim_write() | indent(16) }}
-            WHERE j.id = v_ids[i] AND j.state IN (1, 4, 6, 8);
-            IF FOUND THEN
-                v_claimed := v_claimed || v_ids[i];
+        SELECT v_claimed || ARRAY(SELECT t.id FROM taken AS t) INTO v_claimed;
+        FOR c IN
+            SELECT j.id FROM {{ table }} AS j WHERE j.id = ANY(v_take) AND j.mode = 'unique'
+        LOOP
+            IF ({{ table }}_claim_job(c.id, p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now)).o_outcome
+                = 'claimed' THEN
+                v_claimed := v_claimed || c.id;
             END IF;
-            CONTINUE;
-        END IF;
-        CONTINUE WHEN v_groups[i] IS NOT NULL AND v_ids[i] = ANY(v_pre);  -- claimed above
-        IF v_groups[i] IS NOT NULL THEN
-            CONTINUE WHEN v_heads >= v_head_limit;
-            PERFORM 1 FROM {{ table }}_group AS g
-            WHERE g.serial_group = v_groups[i]
-            FOR UPDATE SKIP LOCKED;
-            v_locked := FOUND;
-            -- Not locked, yet there: another transaction holds it. (A group without a row yet
-            -- gets one from {{ table }}_claim_job, which may wait for a concurrent first claim.)
-            CONTINUE WHEN NOT v_locked AND EXISTS (
-                SELECT 1 FROM {{ table }}_group AS g WHERE g.serial_group = v_groups[i]
+        END LOOP;
+        IF CARDINALITY(v_take_groups) > 0 THEN
+            v_got := {{ table }}_claim_heads(
+                v_take_groups, '{}', p_queue, p_pid, p_min_priority, p_max_priority,
+                p_waiting_ms, p_worker_id, v_now
             );
-            IF v_locked AND v_modes[i] = 'normal' THEN
-                -- The short way (see Steps), under the group lock: the head of a group without a
-                -- PROCESSING job is what {{ table }}_claim_job's predecessor check asks; a head
-                -- that needs anything more of it (WAITING, coalescing) goes the long way below.
-                UPDATE {{ table }} AS j
-                SET {{ claim_write() | indent(20) }}
-                WHERE
-                    j.id = v_ids[i]
-                    AND j.state IN (1, 4, 8)
-                    AND j.coalesce_threshold IS NULL
-                    AND {{ in_queue('j') }}
-                    AND {{ not_paused('j') }}
-                    AND j.id = {{ group_head_id('v_groups[i]') }}
-                    AND {{ no_job_running('v_groups[i]') }};
-                IF FOUND THEN
-                    v_claimed := v_claimed || v_ids[i];
-                    v_heads := v_heads + 1;
-                    CONTINUE;
-                END IF;
-            END IF;
-        END IF;
-        SELECT * INTO c
-        FROM {{ table }}_claim_job(v_ids[i], p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now);
-        IF c.o_outcome = 'claimed' THEN
-            v_claimed := v_claimed || v_ids[i];
-            v_heads := v_heads + (CASE WHEN v_groups[i] IS NULL THEN 0 ELSE 1 END);
+            v_claimed := v_claimed || v_got;
+            v_heads := v_heads + CARDINALITY(v_got);
         END IF;
     END LOOP;
 

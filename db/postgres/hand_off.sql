@@ -83,7 +83,7 @@ WITH written AS (
         -- (Not a condition an index could serve: the jobs are reached by primary key, never by
         -- a scan of every PROCESSING job.)
         AND (j.state = 2 AND j.number_of_attempts = r.attempt) IS TRUE
-    RETURNING j.id
+    RETURNING j.id, j.serial_group
 )
 {%- endmacro %}
 CREATE OR REPLACE FUNCTION {{ table }}_hand_off(
@@ -128,14 +128,10 @@ DECLARE
     v_groups VARCHAR[];
     v_ids BIGINT[];
     v_plain BOOLEAN;
-    v_result_groups VARCHAR[];
     v_wake VARCHAR[] := '{}';
-    v_pending BIGINT[] := '{}';
     v_written BIGINT[] := '{}';
-    v_written_now BIGINT[];
-    v_locked VARCHAR[];
-    v_long BIGINT[];
     v_claimed BIGINT[];
+    v_free VARCHAR[] := '{}';
     v_group VARCHAR;
     c RECORD;
     v_gs JSON;
@@ -272,129 +268,37 @@ BEGIN
             (SELECT BOOL_AND(r.state = 3 AND r.clone_delay_ms IS NULL AND r.mode IS DISTINCT FROM 'recurring') FROM r),
             TRUE
         ),
-        ARRAY(SELECT l.serial_group FROM locked AS l),
         ARRAY(
             SELECT l.serial_group FROM locked AS l
             WHERE l.waiting_head_id IS NOT NULL OR EXISTS (
                 SELECT 1 FROM {{ table }} AS w WHERE w.serial_group = l.serial_group AND w.state = 6
             )
         )
-    INTO v_groups, v_ids, v_plain, v_result_groups, v_wake;
+    INTO v_groups, v_ids, v_plain, v_wake;
     IF v_groups IS NULL THEN
         RAISE EXCEPTION 'bgq: hand_off needs a JSON array of groups' USING ERRCODE = 'BQ002';
     END IF;
+    -- The results written, then the groups woken; the claims below see both. A group whose
+    -- result was written has no PROCESSING job (that job was it), and its row is held.
     IF v_plain THEN
-        v_pending := v_ids;  -- written below, with the claims
-    END IF;
-    IF NOT v_plain OR CARDINALITY(v_wake) > 0 THEN
-        -- Written first, then the groups woken; the claims below see both.
-        IF v_plain THEN
-            {{ write_finished('v_ids') | indent(12) }}
-            SELECT COALESCE(ARRAY_AGG(w.id), '{}') INTO v_written FROM written AS w;
-            FOREACH v_group IN ARRAY v_wake LOOP
-                PERFORM {{ table }}_group_wake(v_group, v_now);
-            END LOOP;
-        ELSE
-            v_written := ARRAY(
-                SELECT w.id
-                FROM JSON_TO_RECORDSET({{ table }}_finish_results(p_results, v_now)::JSON) AS w (id BIGINT)
-            );
-        END IF;
-        v_pending := '{}';
-    END IF;
-
-    -- The group rows of p_groups without waiting: this transaction holds those of its results'
-    -- groups already; one another transaction holds is left alone, with its group's head.
-    IF v_plain AND v_groups <@ v_result_groups THEN
-        v_locked := v_groups;
+        {{ write_finished('v_ids') | indent(8) }}
+        SELECT COALESCE(ARRAY_AGG(w.id), '{}'), COALESCE(ARRAY_AGG(w.serial_group), '{}')
+        INTO v_written, v_free
+        FROM written AS w;
+        FOREACH v_group IN ARRAY v_wake LOOP
+            PERFORM {{ table }}_group_wake(v_group, v_now);
+        END LOOP;
     ELSE
-        v_locked := ARRAY(
-            SELECT g.serial_group FROM {{ table }}_group AS g
-            WHERE g.serial_group = ANY(v_groups)
-            ORDER BY g.serial_group
-            FOR UPDATE SKIP LOCKED
+        v_written := ARRAY(
+            SELECT w.id
+            FROM JSON_TO_RECORDSET({{ table }}_finish_results(p_results, v_now)::JSON) AS w (id BIGINT)
         );
     END IF;
 
-    -- The plain results still pending are written; each locked group's head, if it is claimable
-    -- here (one index dive each; a job this statement finishes no longer counts as running), is
-    -- claimed at once when it is plain, or kept for {{ table }}_claim_job (WAITING, UNIQUE,
-    -- RECURRING, coalescing).
-    {{ write_finished('v_pending') | indent(4) }},
-    heads AS (
-        SELECT h.id, h.state, h.mode, h.coalesce_threshold
-        FROM UNNEST(v_locked) AS l (name)
-        CROSS JOIN LATERAL (
-            SELECT g.id, g.priority, g.state, g.queue, g.serial_group, g.created_at,
-                g.last_attempt_at, g.postponed_by, g.processed_by_broker, g.mode,
-                g.coalesce_threshold
-            FROM {{ table }} AS g
-            WHERE g.serial_group = l.name AND {{ unstarted('g') }}
-            ORDER BY g.priority, g.id
-            LIMIT 1
-        ) AS h
-        WHERE
-            h.state IN (1, 4, 6, 8)
-            AND h.priority BETWEEN v_min AND v_max
-            AND {{ in_queue('h') }}
-            AND {{ due('h') | indent(12) }}
-            AND NOT EXISTS (
-                SELECT 1 FROM {{ table }} AS x
-                WHERE
-                    x.serial_group = l.name
-                    AND x.state = 2
-                    AND x.id NOT IN (SELECT w.id FROM written AS w)
-            )
-    ),
-    plain AS (
-        UPDATE {{ table }} AS j
-        SET {{ claim_write() | indent(12) }}
-        FROM heads AS h
-        WHERE
-            j.id = h.id
-            AND h.state IN (1, 4, 8)
-            AND h.mode = 'normal'
-            AND h.coalesce_threshold IS NULL
-            AND j.state IN (1, 4, 8)
-        RETURNING j.id
-    )
-    SELECT
-        ARRAY(SELECT w.id FROM written AS w),
-        ARRAY(SELECT p.id FROM plain AS p),
-        ARRAY(
-            SELECT h.id FROM heads AS h
-            WHERE NOT (h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL)
-            ORDER BY h.id
-        )
-    INTO v_written_now, v_claimed, v_long;
-    v_written := v_written || v_written_now;
-
-    -- Groups without a row yet (never claimed, or cleared): {{ table }}_claim_job creates it
-    -- (and may wait for a concurrent first claim).
-    IF CARDINALITY(v_locked) < CARDINALITY(v_groups) THEN
-        v_long := v_long || ARRAY(
-            SELECT h.id
-            FROM UNNEST(v_groups) AS l (name)
-            CROSS JOIN LATERAL (
-                SELECT g.id, g.priority, g.state, g.queue, g.serial_group, g.created_at,
-                    g.last_attempt_at, g.postponed_by, g.processed_by_broker
-                FROM {{ table }} AS g
-                WHERE g.serial_group = l.name AND {{ unstarted('g') }}
-                ORDER BY g.priority, g.id
-                LIMIT 1
-            ) AS h
-            WHERE
-                NOT EXISTS (SELECT 1 FROM {{ table }}_group AS r WHERE r.serial_group = l.name)
-                AND {{ head_claimable('h', 'l.name') | indent(16) }}
-        );
-    END IF;
-    FOR i IN 1 .. COALESCE(ARRAY_LENGTH(v_long, 1), 0) LOOP
-        SELECT * INTO c
-        FROM {{ table }}_claim_job(v_long[i], p_queue, p_pid, p_waiting_ms, NULL, p_worker_id, v_now);
-        IF c.o_outcome = 'claimed' THEN
-            v_claimed := v_claimed || v_long[i];
-        END IF;
-    END LOOP;
+    v_claimed := {{ table }}_claim_heads(
+        v_groups, v_free, p_queue, p_pid, p_min_priority, p_max_priority, p_waiting_ms, p_worker_id,
+        v_now
+    );
 
     RETURN QUERY
     SELECT

@@ -447,14 +447,16 @@ def test_returned_columns_are_the_documented_ones(installed, proc):
 
 @pytest.mark.parametrize("name", [p.name for p in INTERNAL_PROCS])
 def test_internal_routines_return_only_their_documented_out_parameters(installed, name):
-    """claim_job, finish_results, group_wake: no rows on MySQL (a nested CALL must send none);
+    """claim_job, claim_heads, finish_results, group_wake: no rows on MySQL (a nested CALL must send none);
     PostgreSQL's function returns its OUT parameters (or its scalar) as the row."""
     dialect, t = installed.db.dialect.name, installed.table
     running = new_job(installed, group="hg")
     outs = [p for p, mode, _ in declared_signature(dialect, name) if mode == "OUT"]
     ins = [p for p, mode, _ in declared_signature(dialect, name) if mode == "IN"]
+    groups = ["hg"] if dialect == "postgres" else '["hg"]'  # VARCHAR[] there, JSON text here
     args = {
         "claim_job": (running, QUEUE, PID, 1000, None, None, T0),
+        "claim_heads": (groups, None, QUEUE, PID, None, None, 1000, None, T0),
         "finish_results": (_FINISHED, T0),
         "group_wake": ("hg", T0),
     }[name]

@@ -47,17 +47,47 @@ NOT EXISTS (
     process and worker; postponement and error cleared, metadata set to `metadata` (NULL unless
     given). The SET list of an UPDATE of the jobs table; `j` qualifies every column (the alias in a
     multi-table UPDATE, '' for none); the procedure has v_now, p_pid and p_worker_id in scope. -#}
-{% macro claim_write(j='', metadata='NULL') -%}
+{% macro claim_write(j='', metadata='NULL', now='v_now', pid='p_pid', worker='p_worker_id') -%}
 {%- set c = j ~ '.' if j else '' -%}
 {{ c }}state = 2,
 {{ c }}number_of_attempts = {{ c }}number_of_attempts + 1,
-{{ c }}last_attempt_at = v_now,
-{{ c }}pid = p_pid,
-{{ c }}worker_id = p_worker_id,
+{{ c }}last_attempt_at = {{ now }},
+{{ c }}pid = {{ pid }},
+{{ c }}worker_id = {{ worker }},
 {{ c }}postponed_by = NULL,
 {{ c }}error_message = NULL,
 {{ c }}metadata = {{ metadata }},
-{{ c }}updated_at = v_now
+{{ c }}updated_at = {{ now }}
+{%- endmacro %}
+
+{#- A statement on rows listed by key, run with PREPARE: `list` (an SQL expression: the ids, or
+    group names written as literals by `listed`) is written into it, so the statement can only
+    reach those rows by their primary key. A join with a JSON list may be planned as a scan of the
+    table, which would lock rows of other transactions' jobs or groups (and wait for them, or take
+    them from the other transactions). `head` and `tail` come before and after the list's
+    parentheses; `values`, the variables of its ? placeholders; ROW_COUNT() of the statement ends
+    in `rows` (NULL: not kept). `name`: the prepared statement's name. -#}
+{% macro run_listed(name, head, list, tail, values='', rows=None) -%}
+SET @bgq_sql = CONCAT('{{ head | replace("'", "''") }} (', {{ list }}, '){{ tail | replace("'", "''") }}');
+PREPARE {{ name }} FROM @bgq_sql;
+EXECUTE {{ name }}{% if values %} USING {{ values }}{% endif %};
+{% if rows %}SET {{ rows }} = ROW_COUNT();
+{% endif %}DEALLOCATE PREPARE {{ name }};
+{%- endmacro %}
+
+{#- The list `run_listed` writes in, from a JSON array `json` of ids (`kind` 'id') or of group
+    names (`kind` 'name', each a utf8mb4 hex literal: no quoting to get wrong, whatever the name
+    and sql_mode): one SELECT ... INTO `into` (NULL for an empty array). -#}
+{% macro listed(json, into, kind='id') -%}
+{%- if kind == 'id' -%}
+SELECT GROUP_CONCAT(DISTINCT l.v) INTO {{ into }}
+FROM JSON_TABLE({{ json }}, '$[*]' COLUMNS (v BIGINT UNSIGNED PATH '$')) AS l
+WHERE l.v IS NOT NULL
+{%- else -%}
+SELECT GROUP_CONCAT(DISTINCT CONCAT('_utf8mb4 0x', HEX(l.v), ' COLLATE utf8mb4_bin')) INTO {{ into }}
+FROM JSON_TABLE({{ json }}, '$[*]' COLUMNS (v VARCHAR(255) PATH '$')) AS l
+WHERE l.v IS NOT NULL
+{%- endif -%}
 {%- endmacro %}
 
 {#- Not started yet: BACK_TO_BROKER (-1), READY (1), TEMPORARILY_FAILED (4), WAITING (6),
