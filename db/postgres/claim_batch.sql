@@ -290,7 +290,7 @@ BEGIN
         j.mode,
         j.coalesce_threshold
     FROM {{ table }} AS j
-    WHERE j.id = ANY(v_claimed) AND j.state = 2
+    WHERE j.id = ANY(v_claimed) AND (j.state = 2) IS TRUE  -- by primary key, not by state
     ORDER BY j.priority, j.id;
 END;
 $$;

@@ -53,10 +53,14 @@ RETURNS BIGINT[]
 LANGUAGE plpgsql
 VOLATILE
 -- Every statement here reaches a few rows by key: planned once per session (the plans do not
--- depend on the values). A condition on a job's state is written `(...) IS TRUE` where an index
--- on state could otherwise be chosen over the primary key (a scan of every PROCESSING job, and
--- of the dead index entries every finished job leaves behind until the next vacuum).
+-- depend on the values), and never as a sequential scan: a plan made while the tables were
+-- small (a worker that started on a new install) would otherwise read every row of a grown
+-- table until an ANALYZE replans it. A condition on a job's state is written `(...) IS TRUE`
+-- where an index on state could otherwise be chosen over the primary key (a scan of every
+-- PROCESSING job, and of the dead index entries every finished job leaves behind until the next
+-- vacuum).
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 SET lock_timeout = '3s'
 AS $$
 #variable_conflict use_column
@@ -70,12 +74,10 @@ DECLARE
     v_long BIGINT [];
     c RECORD;
 BEGIN
-    IF EXISTS (
-        SELECT 1 FROM UNNEST(p_groups) AS g (name)
-        WHERE g.name IS NOT NULL AND NOT EXISTS (
-            SELECT 1 FROM {{ table }}_group AS r WHERE r.serial_group = g.name
-        )
-    ) THEN
+    -- (Counted, not anti-joined: a join could hash the whole group table.)
+    IF (SELECT COUNT(*) FROM {{ table }}_group AS r WHERE r.serial_group = ANY(p_groups))
+        < (SELECT COUNT(DISTINCT g.name) FROM UNNEST(p_groups) AS g (name) WHERE g.name IS NOT NULL)
+    THEN
         BEGIN
             INSERT INTO {{ table }}_group (serial_group, updated_at)
             SELECT DISTINCT g.name, v_now FROM UNNEST(p_groups) AS g (name)

@@ -114,11 +114,13 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 VOLATILE
 -- Every statement here reaches a few rows by key (the results' jobs, the groups' heads): each is
--- planned once per session, and written so that no plan can reach them but by key (a condition
--- on a job's state is written `(...) IS TRUE` where an index on state could otherwise be chosen
--- over the primary key: a scan of every PROCESSING job, and of the dead index entries every
--- finished job leaves behind until the next vacuum).
+-- planned once per session, never as a sequential scan (a plan made while the tables were small
+-- would read every row of a grown table until an ANALYZE replans it), and written so that no
+-- plan can reach them but by key (a condition on a job's state is written `(...) IS TRUE` where
+-- an index on state could otherwise be chosen over the primary key: a scan of every PROCESSING
+-- job, and of the dead index entries every finished job leaves behind until the next vacuum).
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -270,9 +272,11 @@ BEGIN
         ),
         ARRAY(
             SELECT l.serial_group FROM locked AS l
-            WHERE l.waiting_head_id IS NOT NULL OR EXISTS (
-                SELECT 1 FROM {{ table }} AS w WHERE w.serial_group = l.serial_group AND w.state = 6
-            )
+            -- (a scalar subquery, probed per group: an EXISTS here may be planned as a hashed
+            -- subplan that reads every WAITING job)
+            WHERE l.waiting_head_id IS NOT NULL OR (
+                SELECT 1 FROM {{ table }} AS w WHERE w.serial_group = l.serial_group AND w.state = 6 LIMIT 1
+            ) IS NOT NULL
         )
     INTO v_groups, v_ids, v_plain, v_wake;
     IF v_groups IS NULL THEN

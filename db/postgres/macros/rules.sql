@@ -66,9 +66,12 @@ updated_at = v_now
 {%- endmacro %}
 
 {#- No job of serial group `group` (an SQL expression) is PROCESSING: the group is free for a
-    claim. One probe of {{ table }}_running_group; `r` is the probe's alias. -#}
+    claim. One probe of {{ table }}_running_group per group; `r` is the probe's alias. Written as
+    a scalar subquery, which the planner always runs per row: a NOT EXISTS may become a hashed
+    subplan or a hash anti-join, which reads every entry of the running index (dead ones too: a
+    finished job leaves one until the next vacuum) when the statistics say there are few. -#}
 {% macro no_job_running(group, r='r') -%}
-NOT EXISTS (SELECT 1 FROM {{ table }} AS {{ r }} WHERE {{ r }}.serial_group = {{ group }} AND {{ r }}.state = 2)
+(SELECT 1 FROM {{ table }} AS {{ r }} WHERE {{ r }}.serial_group = {{ group }} AND {{ r }}.state = 2 LIMIT 1) IS NULL
 {%- endmacro %}
 
 {#- The id of serial group `group`'s head: its first unstarted job in (priority, id) order, due
