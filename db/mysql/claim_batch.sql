@@ -30,8 +30,9 @@
 --   2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller), tried in (priority, id) order
 --   until p_limit are claimed. The heads come from the first 4 * (2 * n + 2) + 16 claimable
 --   grouped jobs in (priority, id) order ({{ table }}_grouped), each checked by one dive on
---   {{ table }}_pending_head; only when those hold too few heads, from each group's best
---   priority (one pass over {{ table }}_pending_head), then its first id there. An ungrouped
+--   {{ table }}_pending_head; only when those hold too few heads, from every group in turn
+--   (serial_group order, the next group one dive on {{ table }}_pending_head; a group with a
+--   PROCESSING job passed over after one probe of its running index), best first. An ungrouped
 --   job that is not UNIQUE is claimed by an UPDATE of the same columns
 --   {{ table }}_claim_job writes (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id;
 --   postponed_by, error_message and metadata cleared); a UNIQUE one by {{ table }}_claim_job.
@@ -50,8 +51,8 @@
 -- Errors: 31002 / SQLSTATE BQ002 when p_limit is NULL or < 1 (nothing written).
 -- Idempotent: no (each call claims more jobs); a claimed job is never claimed again.
 -- MySQL 8: SKIP LOCKED (8.0.1+) in a derived table and JSON_TABLE (8.0.4+) are accepted by
---   MariaDB 10.11 and MySQL 8 alike. The fallback for the heads takes one pass over the
---   claimable grouped jobs (there is no loose index scan here): its cost grows with those rows.
+--   MariaDB 10.11 and MySQL 8 alike. The fallback for the heads costs a few index dives per
+--   group with unstarted jobs: it grows with the number of such groups, not with their jobs.
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
 CREATE PROCEDURE {{ table }}_claim_batch(
     IN p_queue VARCHAR(255),
