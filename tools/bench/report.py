@@ -186,6 +186,119 @@ def latency_table(latencies: dict) -> str:
     return "\n".join(lines)
 
 
+def head_figures(head: str) -> dict[tuple[str, int], dict[str, float]]:
+    """The figures of tools/head_timing.py's output, by (dialect, waiting rows)."""
+    names = ("group_heads", "predecessor", "claim_wait", "batch_busy", "batch_idle")
+    out: dict[tuple[str, int], dict[str, float]] = {}
+    for line in head.splitlines():
+        cols = line.split()
+        if len(cols) < 8 or cols[0] not in ("mysql", "postgres"):
+            continue
+        try:
+            out[(cols[0], int(cols[1]))] = {n: float(v) for n, v in zip(names, cols[3:8], strict=True)}
+        except ValueError:  # "-" or "failed: ..."
+            continue
+    return out
+
+
+def goals_table(results: dict, floors: dict, latencies: dict, head: str) -> str:
+    """The speed issue's goals, each computed from this run's figures: target, figure, reached or by
+    how much it falls short (figure / target)."""
+
+    def med(label: str, case: str) -> float | None:
+        return results.get(label, {}).get(case, {}).get("median")
+
+    def floor(dialect: str, clients: int) -> float | None:
+        return floors.get((dialect, clients), {}).get("median")
+
+    def verdict(value: float | None, target: float | None, at_most: bool = False) -> str:
+        if value is None or not target:
+            return "not measured"
+        if (value <= target) if at_most else (value >= target):
+            return "yes"
+        return (
+            f"no ({value / target:.2f} of the target)"
+            if not at_most
+            else f"no ({value / target:.1f}× the limit)"
+        )
+
+    def ratio_row(goal: str, what: str, num: float | None, den: float | None, need: float) -> list[str]:
+        if num is None or den is None:
+            return [goal, f"≥ {need:g}× {what}", "not measured", "not measured"]
+        r = num / den
+        return [goal, f"≥ {need:g}× {what}", f"{num:.0f} / {den:.0f} = {r:.2f}", verdict(r, need)]
+
+    rows: list[list[str]] = []
+    pg, my, pgq = "bgq / work / postgres", "bgq / work / mariadb", "pgqueuer / worker / postgres"
+    for dialect, label in (("PostgreSQL", pg), ("MariaDB", my)):
+        rows.append(
+            ratio_row(f"2. 100 groups, {dialect}", "own ungrouped (d)", med(label, "f"), med(label, "d"), 0.7)
+        )
+    rows.append(ratio_row("2. 100 groups, PostgreSQL", "pgqueuer (f)", med(pg, "f"), med(pgq, "f"), 1.2))
+    for dialect, label in (("PostgreSQL", pg), ("MariaDB", my)):
+        rows.append(
+            ratio_row(
+                f"2. 10,000 groups, {dialect}", "own 100 groups (f)", med(label, "g"), med(label, "f"), 1.0
+            )
+        )
+    for dialect, label, need in (("PostgreSQL", pg, 1500.0), ("MariaDB", my, 800.0)):
+        v = med(label, "e")
+        rows.append(
+            [
+                f"3. one group, {dialect}",
+                f"≥ {need:.0f} jobs/s",
+                "" if v is None else f"{v:.0f}",
+                verdict(v, need),
+            ]
+        )
+    rows.append(ratio_row("4. enqueue 1-by-1, PostgreSQL", "pgqueuer (a)", med(pg, "a"), med(pgq, "a"), 1.0))
+    for dialect, label, key in (("PostgreSQL", pg, "postgres"), ("MariaDB", my, "mariadb")):
+        rows.append(
+            ratio_row(
+                f"4. enqueue 1-by-1, {dialect}", "the 1-client floor", med(label, "a"), floor(key, 1), 0.6
+            )
+        )
+    rows.append(ratio_row("4. enqueue bulk, PostgreSQL", "pgqueuer (b)", med(pg, "b"), med(pgq, "b"), 1.0))
+    for dialect, key in (("PostgreSQL", "postgres"), ("MariaDB", "mariadb")):
+        v = med(f"bgq / broker / {key}", "d")
+        rows.append(
+            [
+                f"5. broker, 2 consumers, {dialect}",
+                "≥ 2500 jobs/s",
+                "" if v is None else f"{v:.0f}",
+                verdict(v, 2500.0),
+            ]
+        )
+    heads = head_figures(head)
+    for key, dialect in (("postgres", "PostgreSQL"), ("mysql", "MariaDB")):
+        fig = heads.get((key, 100000), {})
+        for name, what, limit in (
+            ("batch_idle", "`claim_batch`, groups idle", 5.0),
+            ("batch_busy", "`claim_batch`, every group busy", 5.0),
+            ("group_heads", "`group_heads`", 20.0),
+        ):
+            v = fig.get(name)
+            rows.append(
+                [
+                    f"6. {what}, {dialect}",
+                    f"≤ {limit:g} ms (100,000 waiting, 5,000 groups)",
+                    "" if v is None else f"{v:.2f} ms",
+                    verdict(v, limit, at_most=True),
+                ]
+            )
+    p50 = latencies.get(my, {}).get("p50", "")
+    try:
+        lat: float | None = float(p50)
+    except ValueError:
+        lat = None
+    rows.append(
+        ["7. MariaDB wake-up, p50", "≤ 10 ms", p50 or "not measured", verdict(lat, 10.0, at_most=True)]
+    )
+    lines = ["| goal | target | this run | reached? |", "|---|---|---|---|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
 def versions() -> list[str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -443,6 +556,15 @@ runs, in ms; every write is rolled back, so each run sees the same table:
 ```
 {head}
 ```
+
+## The speed issue's goals, computed from this run
+
+Each row is computed by `tools/bench/report.py` from the figures above (no hand-written cell): the
+target, this run's figure, and whether it is reached or what fraction of the target it reaches.
+Where the time goes in the goals not reached, and what would close them, is in
+[speed.md](speed.md) (a profile written by hand, with its own commands and dates).
+
+{tables["goals"]}
 """
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(doc)

@@ -59,6 +59,7 @@ from tools.bench.report import (  # noqa: E402 (after the sys.path line)
     cron_table,
     floor_table,
     fraction_table,
+    goals_table,
     latency_table,
     sizes_table,
     summary_table,
@@ -794,6 +795,9 @@ def main() -> None:
     total = time.monotonic() - t_start
     tables = {"md": md, "cron": cron_md, "floor": floor_md, "fraction": fraction_md, "sizes": sizes_md}
     tables["summary"] = summary_table(results)
+    tables["goals"] = goals_table(results, floors, latencies, head)
+    print()
+    print(tables["goals"], flush=True)
     write_doc(Path(args.out), args, tables, latency_md, head, started_at, total)
     took = dt.timedelta(seconds=round(total))
     print(f"\nwrote {args.out}; worker logs in {logdir}; total {total:.0f} s ({took})")
