@@ -247,7 +247,7 @@ def goals_table(results: dict, floors: dict, latencies: dict, head: str) -> str:
             [
                 f"3. one group, {dialect}",
                 f"≥ {need:.0f} jobs/s",
-                "" if v is None else f"{v:.0f}",
+                "not measured" if v is None else f"{v:.0f}",
                 verdict(v, need),
             ]
         )
@@ -265,7 +265,7 @@ def goals_table(results: dict, floors: dict, latencies: dict, head: str) -> str:
             [
                 f"5. broker, 2 consumers, {dialect}",
                 "≥ 2500 jobs/s",
-                "" if v is None else f"{v:.0f}",
+                "not measured" if v is None else f"{v:.0f}",
                 verdict(v, 2500.0),
             ]
         )
@@ -282,7 +282,7 @@ def goals_table(results: dict, floors: dict, latencies: dict, head: str) -> str:
                 [
                     f"6. {what}, {dialect}",
                     f"≤ {limit:g} ms (100,000 waiting, 5,000 groups)",
-                    "" if v is None else f"{v:.2f} ms",
+                    "not measured" if v is None else f"{v:.2f} ms",
                     verdict(v, limit, at_most=True),
                 ]
             )
