@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_batch, version 5 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_claim_batch, version 6 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority, p_max_priority,
@@ -30,7 +30,8 @@
 --   2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller), tried in (priority, id) order
 --   until p_limit are claimed. The heads come from the first 4 * (2 * n + 2) + 16 claimable
 --   grouped jobs in (priority, id) order ({{ table }}_grouped), each checked by one dive on
---   {{ table }}_pending_head; only when those hold too few heads, from every group in turn
+--   {{ table }}_pending_head; only when those hold fewer than n heads (the window was too
+--   small: its first jobs belong to busy groups, or are not heads), from every group in turn
 --   (serial_group order, the next group one dive on {{ table }}_pending_head; a group with a
 --   PROCESSING job passed over after one probe of its running index), best first. An ungrouped
 --   job that is not UNIQUE is claimed by an UPDATE of the same columns
@@ -174,7 +175,7 @@ BEGIN
         LIMIT v_head_candidates
     ) AS h;
 
-    IF v_found < v_head_candidates THEN
+    IF v_found < v_head_limit THEN
         SELECT COUNT(*) INTO v_scanned
         FROM (
             SELECT id FROM {{ table }}
@@ -184,11 +185,12 @@ BEGIN
         ) AS n;
     END IF;
 
-    -- Too few heads among v_scan jobs (the first ones belong to busy groups, or are not heads):
+    -- Fewer than n heads among v_scan jobs (the first ones belong to busy groups, or are not
+    -- heads; n heads are enough, the spare ones only replace heads whose group is locked):
     -- every group's head, one group at a time in serial_group order ({{ table }}_pending_head:
     -- the next group is one index dive), a group with a PROCESSING job passed over after one
     -- probe of its running index; then the best v_head_candidates of those heads.
-    IF v_found < v_head_candidates AND v_scanned >= v_scan THEN
+    IF v_found < v_head_limit AND v_scanned >= v_scan THEN
         SET v_head_json = JSON_ARRAY(), v_group = NULL;
         group_loop: LOOP
             SET v_next = NULL;

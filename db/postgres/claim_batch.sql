@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_batch, version 5 (PostgreSQL 15)
+-- bgq {{ table }}_claim_batch, version 6 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority,
@@ -31,7 +31,8 @@
 --   2 * n + 2 group heads (n: p_limit, or p_max_heads if smaller), tried in (priority, id) order
 --   until p_limit are claimed. The heads come from the first 4 * (2 * n + 2) + 16 claimable
 --   grouped jobs in (priority, id) order ({{ table }}_grouped), each checked by one dive on
---   {{ table }}_pending_head; only when those hold too few heads, from one index dive per group
+--   {{ table }}_pending_head; only when those hold fewer than n heads (the window was too
+--   small: its first jobs belong to busy groups, or are not heads), from one index dive per group
 --   (a cost that grows with the groups: every group's first jobs busy or not due). An
 --   ungrouped job that is not UNIQUE is claimed by an UPDATE of the same columns
 --   {{ table }}_claim_job writes (PROCESSING, attempts + 1, last_attempt_at, pid, worker_id;
@@ -144,9 +145,10 @@ BEGIN
         LIMIT v_head_candidates
     ) AS h;
 
-    -- Too few heads among v_scan jobs (the first ones belong to busy groups, or are not heads):
+    -- Fewer than n heads among v_scan jobs (the first ones belong to busy groups, or are not
+    -- heads; n heads are enough, the spare ones only replace heads whose group is locked):
     -- every group's head, one index dive per group on {{ table }}_pending_head.
-    IF COALESCE(ARRAY_LENGTH(v_hids, 1), 0) < v_head_candidates
+    IF COALESCE(ARRAY_LENGTH(v_hids, 1), 0) < v_head_limit
         AND (
             SELECT COUNT(*) FROM (
                 SELECT 1 FROM {{ table }} AS g
