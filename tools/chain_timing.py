@@ -1,6 +1,6 @@
 """Splits the cost of one job of a one-group chain (the speed issue's goal 3) into its parts, per dialect.
 
-Usage: python tools/chain_timing.py [--jobs 3000] [--dialects mysql,postgres]
+Usage: python tools/chain_timing.py [--jobs 3000] [--dialects mysql,postgres] [--statements]
 One process, one connection, one group: N READY jobs in group "one"; the first is claimed with
 claim_batch, then every job is handed on as `bgq work` does it, with no callback in between:
 hand_off(its FINISHED result, ["one"]) claims the next head in the same call, then COMMIT.
@@ -13,6 +13,8 @@ Prints the median per job, in ms:
   select 1      one `SELECT 1` round trip (the driver and the network, no work)
   floor         one INSERT of one row + COMMIT (the durable commit floor of the benchmark)
 So hand_off - floor is what the procedure costs beyond a durable one-row commit.
+--statements (MySQL/MariaDB only): also the statements of one hand_off in the middle of the chain
+and their times (SHOW PROFILES; profiling adds a little to each).
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from sqlalchemy.engine import Connection  # noqa: E402
+
 from bgq.db import Database  # noqa: E402
 from bgq.install import install, uninstall  # noqa: E402
-from bgq.model import JobResult, JobState  # noqa: E402
+from bgq.model import Claimed, JobResult, JobState  # noqa: E402
 from bgq.procs import Procs  # noqa: E402
 
 URLS = {
@@ -48,7 +53,7 @@ def fill(db: Database, table: str, jobs: int) -> None:
             conn.exec_driver_sql(f"INSERT INTO {table} ({cols}) VALUES " + ", ".join([values] * part))
 
 
-def measure(dialect: str, jobs: int) -> dict[str, float]:
+def measure(dialect: str, jobs: int, statements: bool = False) -> dict[str, float]:
     db = Database(URLS[dialect])
     table = f"bgq_chain_{uuid.uuid4().hex[:8]}"
     try:
@@ -56,22 +61,31 @@ def measure(dialect: str, jobs: int) -> dict[str, float]:
         fill(db, table, jobs)
         procs = Procs(db, table)
         pid = os.getpid()
-        calls, commits, rtts, floors = [], [], [], []
+        calls: list[float] = []
+        commits: list[float] = []
+        rtts: list[float] = []
+        floors: list[float] = []
         with db.engine.connect() as conn:
             with conn.begin():
-                (job,) = procs.claim_batch(conn, "general", 1, pid, None, None, 1000, max_heads=1)
+                (first,) = procs.claim_batch(conn, "general", 1, pid, None, None, 1000, max_heads=1)
+            job: Claimed | None = first
             started = time.perf_counter()
             done = 0
             while job is not None:
+                profile = statements and dialect == "mysql" and done == jobs // 2
+                if profile:  # on the driver's cursor: outside SQLAlchemy's transaction
+                    driver_sql(conn, "SET profiling = 1, profiling_history_size = 100")
                 tx = conn.begin()
                 t0 = time.perf_counter()
+                done_job = JobResult(job.id, job.claim.attempt or 0, int(JobState.FINISHED))
                 _, heads = procs.hand_off(
-                    conn, [JobResult(job.id, job.claim.attempt, int(JobState.FINISHED))], ["one"], "general",
-                    pid, None, None, 1000, alone=True,
-                )  # fmt: skip
+                    conn, [done_job], ["one"], "general", pid, None, None, 1000, alone=True
+                )
                 t1 = time.perf_counter()
                 tx.commit()
                 t2 = time.perf_counter()
+                if profile:
+                    print_profile(conn)
                 calls.append(t1 - t0)
                 commits.append(t2 - t1)
                 done += 1
@@ -81,7 +95,7 @@ def measure(dialect: str, jobs: int) -> dict[str, float]:
                 raise RuntimeError(f"the chain ran {done} of {jobs} jobs")
             conn.exec_driver_sql(f"CREATE TABLE {table}_floor (id INT PRIMARY KEY, v INT)")
             conn.commit()
-            raw = conn.connection.driver_connection
+            raw: Any = conn.connection.driver_connection
             for i in range(min(jobs, 2000)):
                 t0 = time.perf_counter()
                 cursor = raw.cursor()
@@ -112,17 +126,36 @@ def measure(dialect: str, jobs: int) -> dict[str, float]:
         db.engine.dispose()
 
 
+def driver_sql(conn: Connection, sql: str) -> list[Any]:
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(sql)
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()
+
+
+def print_profile(conn: Connection) -> None:
+    """The statements since profiling was turned on (one hand_off and its COMMIT), slowest first."""
+    rows = driver_sql(conn, "SHOW PROFILES")
+    driver_sql(conn, "SET profiling = 0")
+    print(f"  one hand_off: {len(rows)} statements, {sum(r[1] for r in rows) * 1000:.3f} ms in all")
+    for row in sorted(rows, key=lambda r: -r[1]):
+        print(f"    {row[1] * 1000:7.3f} ms  {' '.join(row[2].split())[:100]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--dialects", default="mysql,postgres")
+    parser.add_argument("--statements", action="store_true", help="MySQL: one hand_off's statements")
     args = parser.parse_args()
     print(
         f"{'dialect':9} {'jobs':>6} {'hand_off ms':>12} {'commit ms':>10} {'per job ms':>11} "
         f"{'jobs/s':>7} {'select 1 ms':>12} {'floor ms':>9}"
     )
     for dialect in args.dialects.split(","):
-        r = measure(dialect, args.jobs)
+        r = measure(dialect, args.jobs, args.statements)
         print(
             f"{dialect:9} {args.jobs:>6} {r['hand_off']:>12.3f} {r['commit']:>10.3f} {r['per_job']:>11.3f} "
             f"{r['jobs_s']:>7.0f} {r['select_1']:>12.3f} {r['floor']:>9.3f}",
