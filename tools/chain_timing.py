@@ -36,11 +36,7 @@ from bgq.db import Database  # noqa: E402
 from bgq.install import install, uninstall  # noqa: E402
 from bgq.model import Claimed, JobResult, JobState  # noqa: E402
 from bgq.procs import Procs  # noqa: E402
-
-URLS = {
-    "mysql": os.environ.get("BGQ_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test"),
-    "postgres": os.environ.get("BGQ_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"),
-}
+from tools.head_timing import URLS  # noqa: E402 (the same servers, the same environment variables)
 
 
 def fill(db: Database, table: str, jobs: int) -> None:

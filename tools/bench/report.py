@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,11 @@ def ratio(results: dict, case: str) -> str:
     return f"{max(ours) / max(peers):.2f}"
 
 
+def median_of(results: dict, label: str, case: str) -> float | None:
+    """The median of one cell of the throughput table (None: not measured)."""
+    return results.get(label, {}).get(case, {}).get("median")
+
+
 SUMMARY_COLUMNS = (  # (title, mode of the bgq row it takes, case)
     ("enqueue 1-by-1", "work", "a"),
     ("enqueue bulk", "work", "b"),
@@ -57,8 +63,7 @@ def summary_table(results: dict) -> str:
         "|---" * (len(SUMMARY_COLUMNS) + 1) + "|",
     ]
 
-    def med(label: str, case: str) -> float | None:
-        return results.get(label, {}).get(case, {}).get("median")
+    med = functools.partial(median_of, results)
 
     def show(v: float | None) -> str:
         return "" if v is None else f"{v:.0f}"
@@ -205,8 +210,7 @@ def goals_table(results: dict, floors: dict, latencies: dict, head: str) -> str:
     """The speed issue's goals, each computed from this run's figures: target, figure, reached or by
     how much it falls short (figure / target)."""
 
-    def med(label: str, case: str) -> float | None:
-        return results.get(label, {}).get(case, {}).get("median")
+    med = functools.partial(median_of, results)
 
     def floor(dialect: str, clients: int) -> float | None:
         return floors.get((dialect, clients), {}).get("median")
@@ -221,6 +225,14 @@ def goals_table(results: dict, floors: dict, latencies: dict, head: str) -> str:
             if not at_most
             else f"no ({value / target:.1f}× the limit)"
         )
+
+    def limit_row(
+        goal: str, target: str, value: float | None, fmt: str, limit: float, at_most: bool = False,
+        missing: str = "not measured",
+    ) -> list[str]:  # fmt: skip
+        """A goal with a fixed target; the figure shown as `fmt` formats it, or `missing`."""
+        shown = missing if value is None else fmt.format(value)
+        return [goal, target, shown, verdict(value, limit, at_most)]
 
     def ratio_row(goal: str, what: str, num: float | None, den: float | None, need: float) -> list[str]:
         if num is None or den is None:
@@ -243,14 +255,7 @@ def goals_table(results: dict, floors: dict, latencies: dict, head: str) -> str:
         )
     for dialect, label, need in (("PostgreSQL", pg, 1500.0), ("MariaDB", my, 800.0)):
         v = med(label, "e")
-        rows.append(
-            [
-                f"3. one group, {dialect}",
-                f"≥ {need:.0f} jobs/s",
-                "not measured" if v is None else f"{v:.0f}",
-                verdict(v, need),
-            ]
-        )
+        rows.append(limit_row(f"3. one group, {dialect}", f"≥ {need:.0f} jobs/s", v, "{:.0f}", need))
     rows.append(ratio_row("4. enqueue 1-by-1, PostgreSQL", "pgqueuer (a)", med(pg, "a"), med(pgq, "a"), 1.0))
     for dialect, label, key in (("PostgreSQL", pg, "postgres"), ("MariaDB", my, "mariadb")):
         rows.append(
@@ -261,14 +266,7 @@ def goals_table(results: dict, floors: dict, latencies: dict, head: str) -> str:
     rows.append(ratio_row("4. enqueue bulk, PostgreSQL", "pgqueuer (b)", med(pg, "b"), med(pgq, "b"), 1.0))
     for dialect, key in (("PostgreSQL", "postgres"), ("MariaDB", "mariadb")):
         v = med(f"bgq / broker / {key}", "d")
-        rows.append(
-            [
-                f"5. broker, 2 consumers, {dialect}",
-                "≥ 2500 jobs/s",
-                "not measured" if v is None else f"{v:.0f}",
-                verdict(v, 2500.0),
-            ]
-        )
+        rows.append(limit_row(f"5. broker, 2 consumers, {dialect}", "≥ 2500 jobs/s", v, "{:.0f}", 2500.0))
     heads = head_figures(head)
     for key, dialect in (("postgres", "PostgreSQL"), ("mysql", "MariaDB")):
         fig = heads.get((key, 100000), {})
@@ -278,21 +276,23 @@ def goals_table(results: dict, floors: dict, latencies: dict, head: str) -> str:
             ("group_heads", "`group_heads`", 20.0),
         ):
             v = fig.get(name)
-            rows.append(
-                [
-                    f"6. {what}, {dialect}",
-                    f"≤ {limit:g} ms (100,000 waiting, 5,000 groups)",
-                    "not measured" if v is None else f"{v:.2f} ms",
-                    verdict(v, limit, at_most=True),
-                ]
-            )
+            target = f"≤ {limit:g} ms (100,000 waiting, 5,000 groups)"
+            rows.append(limit_row(f"6. {what}, {dialect}", target, v, "{:.2f} ms", limit, at_most=True))
     p50 = latencies.get(my, {}).get("p50", "")
     try:
         lat: float | None = float(p50)
     except ValueError:
         lat = None
     rows.append(
-        ["7. MariaDB wake-up, p50", "≤ 10 ms", p50 or "not measured", verdict(lat, 10.0, at_most=True)]
+        limit_row(
+            "7. MariaDB wake-up, p50",
+            "≤ 10 ms",
+            lat,
+            "{:.1f}",
+            10.0,
+            at_most=True,
+            missing=p50 or "not measured",
+        )
     )
     lines = ["| goal | target | this run | reached? |", "|---|---|---|---|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
