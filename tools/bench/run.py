@@ -1,7 +1,7 @@
 """Benchmarks bgq (work/broker/cron mode; PostgreSQL, MariaDB) beside pgqueuer, procrastinate and celery.
 
 Usage: python tools/bench/run.py [--systems KEY,...] [--cases a,b,...] [--reps 3] [--target 10]
-           [--enqueue-target 5] [--calib-jobs 1000] [--case-timeout 60] [--cron-jobs 10000]
+           [--enqueue-target 5] [--calib-jobs 1000] [--case-timeout 60] [--cron-jobs 30000]
            [--cron-procs 4] [--cron-groups 100] [--floor-seconds 5] [--latency 100]
            [--head-sizes 1000,20000,100000] [--no-head-timing] [--quick] [--out docs/benchmarks.md]
 
@@ -694,7 +694,9 @@ def main() -> None:
     parser.add_argument(
         "--enqueue-timeout", type=float, default=180.0, help="seconds for the untimed enqueue before a run"
     )
-    parser.add_argument("--cron-jobs", type=int, default=10_000, help="cron case: backlog size N")
+    parser.add_argument(
+        "--cron-jobs", type=int, default=30_000, help="cron case: backlog size N (about 10 s or more of work)"
+    )
     parser.add_argument(
         "--cron-procs", type=int, default=4, help="cron case: `bgq process` processes (K), each a host"
     )
