@@ -430,6 +430,10 @@ def test_die_exception_stops_the_worker_before_the_next_job(
     # Held jobs stay held until the DieException (on a loaded host a 1 s hold could give them
     # back first, and then no give-back at the DieException would be exercised).
     monkeypatch.setattr(bgq.pipeline, "HOLD_SECONDS", 30.0)
+    # Claims of 5 (a0-a4, a5-a9, then a10, a11, die, b0, b1), so that jobs are held behind the
+    # DieException whatever the callbacks' timings: the adaptive size grows with how fast the
+    # jobs ran, and could make `die` the last job of its claim (nothing held to give back).
+    monkeypatch.setattr(bgq.work._Worker, "_size", lambda self: 5)
     calls: list[str] = []
     held_at_die: list[int] = []
     group = "g" if grouped else None
