@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 from typing import TYPE_CHECKING
 
 from tools.chaos.report import RunResult
@@ -118,26 +119,38 @@ asynchronous standby) a topology fault explains; any other is *unexplained* and 
 def write_doc(
     path: os.PathLike[str], results: list[TopologyResult], command: str, preset: str, took: float
 ) -> None:
+    """Write docs/scale-out.md: the intro, then one section per topology between markers. The
+    sections of topologies this run did not run are kept as the last run that ran them wrote
+    them, each with its own date and command, so `make scale SCALE_ARGS="--topology galera"`
+    rewrites only Galera's."""
     from pathlib import Path
 
-    problems = [p for r in results for p in r.problems(preset)]
-    verdict = (
-        "Every run passed: no overlap, no order violation, nothing lost, no unexplained re-run, nothing "
-        "stuck, every busy worker back within its bound."
-        if not problems
-        else "FAILED:\n\n" + "\n".join(f"- {p}" for p in problems)
-    )
-    lines = [
-        INTRO,
-        "## The run",
-        "",
-        f"- Date: {dt.date.today().isoformat()}; preset `{preset}`; {took / 60:.1f} minutes in total; "
-        f"{os.cpu_count()} cores.",
-        f"- Command: `{command}`",
-        "",
-        verdict,
-        "",
-    ]
+    target = Path(path)
+    old = target.read_text() if target.exists() else ""
+    kept = {m.group(1): m.group(0) for m in _SECTION.finditer(old)}
+    today = dt.date.today().isoformat()
     for r in results:
-        lines += section(r)
-    Path(path).write_text("\n".join(lines) + "\n")
+        problems = r.problems(preset)
+        verdict = (
+            "Every run passed: no overlap, no order violation, nothing lost, no unexplained re-run, "
+            "nothing stuck, every busy worker back within its bound."
+            if not problems
+            else "FAILED:\n\n" + "\n".join(f"- {p}" for p in problems)
+        )
+        body = section(r)
+        body[1:1] = [
+            "",
+            f"Run {today}, preset `{preset}`, {os.cpu_count()} cores; `{command}` ({took / 60:.1f} min for "
+            "every topology it ran).",
+            "",
+            verdict,
+        ]
+        name = r.topology.name
+        kept[name] = f"<!-- scale:{name} -->\n" + "\n".join(body).rstrip() + f"\n<!-- /scale:{name} -->"
+    from tools.scale.run import TOPOLOGIES
+
+    order = [n for n in TOPOLOGIES if n in kept] + sorted(n for n in kept if n not in TOPOLOGIES)
+    target.write_text(INTRO + "\n" + "\n\n".join(kept[n] for n in order) + "\n")
+
+
+_SECTION = re.compile(r"<!-- scale:([\w-]+) -->.*?<!-- /scale:\1 -->", re.S)
