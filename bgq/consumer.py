@@ -45,18 +45,26 @@ from sqlalchemy.engine import Connection
 
 from .broker import DIE, BrokerError, Consumer, Delivery
 from .errors import BgqError, ConfigError
-from .executor import PAUSED_RETRY_MS
 from .model import Claimed, ClaimResult, FinishResult, WorkerMode
 from .parts import Parts
-from .pipeline import Done, Held, Pipeline, batch_answer, failure, follow_up, result
+from .pipeline import (
+    BATCH_BUDGET,
+    BATCH_MAX,
+    BatchSize,
+    Done,
+    Held,
+    Pipeline,
+    batch_answer,
+    failure,
+    follow_up,
+    result,
+)
 from .sender import Message
 from .stopping import GracefulStop
 from .workers import Registry
 
 #: Seconds one take() waits before the loop looks at its stop flag again.
 POLL_SECONDS = 1.0
-BATCH_MAX = 100  # messages one batch takes at most (`bgq consume` prefetch)
-BATCH_BUDGET = 0.05  # seconds of work one batch should hold
 #: The first estimate of a job's duration: "slow", so the first batch is one message, and the
 #: batches grow as jobs prove fast.
 FIRST_ESTIMATE = BATCH_BUDGET
@@ -107,7 +115,7 @@ class _Loop:
         self.batch_max = batch_max
         self.pid = os.getpid()
         self.handled = 0  # messages handled (`-j N` counts these)
-        self.seconds_per_job = FIRST_ESTIMATE  # a moving average of the jobs' durations
+        self.batch = BatchSize(batch_max, FIRST_ESTIMATE)
         self.pipeline = Pipeline.for_queue(
             queue, self._write, batch_max=batch_max, wait=POLL_SECONDS, name="bgq-consume-writer"
         )
@@ -136,7 +144,7 @@ class _Loop:
         return self.jobs != 0 and self.handled >= self.jobs and not self.pipeline.holding()
 
     def _size(self) -> int:
-        size = max(1, min(self.batch_max, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))
+        size = self.batch()
         return size if self.jobs == 0 else max(1, min(size, self.jobs - self.handled))
 
     def _wait(self) -> float:
@@ -222,7 +230,7 @@ class _Loop:
         now = time.monotonic()  # the claims have committed: the hold counts from here
         held = []
         for job_id, claim in claims.items():
-            self._follow_up(job_id, claim)
+            self.executor.follow_up_claim(job_id, claim)
             if claim.outcome == "claimed":
                 held.append(Claimed(job_id, claim))
         for delivery, job_id in ids:
@@ -235,31 +243,13 @@ class _Loop:
         if failed:
             time.sleep(POLL_SECONDS)
 
-    def _follow_up(self, job_id: int, claim: ClaimResult) -> None:
-        """Publish what a committed claim calls for (as Executor.process_job does for one job)."""
-        sender = self.executor.sender
-        if claim.promoted_id is not None:
-            sender.send_job(claim.promoted_id)
-        if claim.outcome == "locked" and claim.queue is not None and claim.priority is not None:
-            sender.send([(job_id, claim.queue, claim.priority, None)])  # another worker holds the group
-        if claim.outcome == "paused" and claim.queue is not None and claim.priority is not None:
-            # Its queue or group is paused: the message comes back after a while.
-            sender.send([(job_id, claim.queue, claim.priority, PAUSED_RETRY_MS)])
-        if claim.outcome == "unexpected":
-            self.executor._log_unexpected(job_id, claim.state)
-
     def _run(self, held: Held) -> None:
         executor, job = self.executor, held.job
-        attempt = job.claim.attempt or 0
-        if not executor.still_ours(job.id, attempt, held.claimed_at):
-            return
         started = time.monotonic()
-        executor.heartbeat.start(job.id, attempt, claimed_at=held.claimed_at)
-        try:
-            outcome = executor.run(job.id, job.claim)
-        finally:
-            executor.heartbeat.stop()  # cleared before the result is written (SPEC B §1.5)
-        self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - started)
+        outcome = executor.run_held(job.id, job.claim, held.claimed_at)
+        if outcome is None:
+            return
+        self.batch.ran(time.monotonic() - started)
         self.pipeline.put(Done(job, outcome, executor.clone_delay(job.claim, outcome)))
         if outcome.die:
             executor.should_die = True

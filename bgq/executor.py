@@ -67,26 +67,47 @@ class Executor:
         )
         if on_claimed is not None:
             on_claimed()
+        self.follow_up_claim(job_id, claim)
+        if claim.outcome != "claimed":
+            return claim.outcome
+        outcome = self.run_held(job_id, claim, claimed_at)
+        if outcome is None:
+            return "taken_over"
+        self.finish(job_id, claim, outcome)
+        return claim.outcome
+
+    def follow_up_claim(self, job_id: int, claim: ClaimResult) -> None:
+        """What a claim's outcome asks of the caller, in every mode: publish the job it promoted,
+        send a locked job's id again (another worker holds its group), send a paused job's id
+        back after PAUSED_RETRY_MS (broker mode), log an unexpected one."""
         if claim.promoted_id is not None:
             self.sender.send_job(claim.promoted_id)
         if claim.outcome == "locked" and claim.queue is not None and claim.priority is not None:
             self.sender.send([(job_id, claim.queue, claim.priority, None)])  # another worker holds the group
         if claim.outcome == "paused" and claim.queue is not None and claim.priority is not None:
-            # Its queue or group is paused: the message comes back after a while (broker mode).
+            # Its queue or group is paused: the message comes back after a while.
             self.sender.send([(job_id, claim.queue, claim.priority, PAUSED_RETRY_MS)])
         if claim.outcome == "unexpected":
             self._log_unexpected(job_id, claim.state)
-        if claim.outcome != "claimed":
-            return claim.outcome
-        if not self.still_ours(job_id, claim.attempt or 0, claimed_at):
-            return "taken_over"
-        self.heartbeat.start(job_id, claim.attempt or 0)
+
+    def run_held(
+        self, job_id: int, claim: ClaimResult, claimed_at: float, *, store_metadata: bool = False
+    ) -> Outcome | None:
+        """Run a job this worker holds (claimed at `claimed_at`, time.monotonic()), in every mode:
+        None if the claim is no longer ours (the reaper took it while it waited); else its
+        metadata stored when `store_metadata` and the option asks for it, the callback run
+        under the heartbeat, which stops before the result is written (SPEC B §1.5), and its
+        outcome. The caller writes the result."""
+        attempt = claim.attempt or 0
+        if not self.still_ours(job_id, attempt, claimed_at):
+            return None
+        if store_metadata and self.config.on_processing_get_metadata is not None:
+            self.store_metadata(job_id, attempt)
+        self.heartbeat.start(job_id, attempt, claimed_at=claimed_at)
         try:
-            outcome = self.run(job_id, claim)
+            return self.run(job_id, claim)
         finally:
-            self.heartbeat.stop()  # cleared before the result is written (SPEC B §1.5)
-        self.finish(job_id, claim, outcome)
-        return claim.outcome
+            self.heartbeat.stop()
 
     def _log_unexpected(self, job_id: int, state: int | None) -> None:
         """A job that is not claimable, left alone and counted as "unexpected". PROCESSING is a

@@ -37,6 +37,30 @@ from .executor import Executor
 from .model import Claimed, FinishResult, JobResult, JobState, Outcome
 from .parts import Parts
 
+#: Jobs one claim (`bgq work --batch`) or one take of messages (`bgq consume` prefetch) holds at most.
+BATCH_MAX = 100
+#: Seconds of work one claim or take should hold.
+BATCH_BUDGET = 0.05
+
+
+class BatchSize:
+    """How many jobs the next claim (bgq work) or take of messages (bgq consume) asks for: about
+    BATCH_BUDGET seconds of work by a moving average of the jobs' durations, 1 to `most`. The
+    first estimate, `first` seconds a job, is "slow" by default, so the first batch is one job
+    and the batches grow as jobs prove fast."""
+
+    def __init__(self, most: int = BATCH_MAX, first: float = BATCH_BUDGET) -> None:
+        self.most = most
+        self.seconds_per_job = first
+
+    def __call__(self) -> int:
+        return max(1, min(self.most, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))
+
+    def ran(self, seconds: float) -> None:
+        """One job took `seconds`."""
+        self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * seconds
+
+
 HOLD_SECONDS = 1.0  # a claimed job not started within this is given back (at most stalled_job_timeout / 2)
 
 

@@ -53,13 +53,11 @@ from sqlalchemy.engine import Connection
 from .errors import BgqError, ConfigError
 from .model import Claimed, WorkerMode
 from .parts import Parts
-from .pipeline import Done, Held, Pipeline, batch_answer, failure, follow_up, result
+from .pipeline import BATCH_MAX, BatchSize, Done, Held, Pipeline, batch_answer, failure, follow_up, result
 from .procs import Waker
 from .stopping import GracefulStop
 from .workers import Registry
 
-BATCH_MAX = 100  # jobs one claim takes at most (`bgq work --batch`)
-BATCH_BUDGET = 0.05  # seconds of work one claim should hold
 POLL_SECONDS = 1.0  # longest idle wait between two claims (`bgq work --poll`)
 POLL_MIN = 0.005  # first idle wait on MySQL after work was found
 STOP_CHECK = 0.5  # an idle worker looks at its stop flag at least this often
@@ -138,7 +136,7 @@ class _Worker:
         self.batch_max = batch_max
         self.poll = poll
         self.pid = os.getpid()
-        self.seconds_per_job = BATCH_BUDGET  # moving average; starts as "slow" (batches of 1)
+        self.batch = BatchSize(batch_max)
         self.pipeline = Pipeline.for_queue(
             queue, self._write, batch_max=batch_max, wait=STOP_CHECK, name="bgq-work-writer"
         )
@@ -271,8 +269,8 @@ class _Worker:
             return None
 
     def _size(self) -> int:
-        """A claim's worth of jobs: about BATCH_BUDGET seconds of work, 1 to `batch_max`."""
-        return max(1, min(self.batch_max, int(BATCH_BUDGET / max(self.seconds_per_job, 1e-6))))
+        """A claim's worth of jobs (pipeline.BatchSize)."""
+        return self.batch()
 
     def _claim(self, size: int) -> int:
         """Claim up to `size` jobs and queue them; how many. Among them heads of up to HEADS_MAX
@@ -304,18 +302,12 @@ class _Worker:
 
     def _run(self, held: Held) -> None:
         executor, job = self.executor, held.job
-        if not executor.still_ours(job.id, job.claim.attempt or 0, held.claimed_at):
-            return
-        if self.queue.config.on_processing_get_metadata is not None:
-            executor.store_metadata(job.id, job.claim.attempt or 0)
         started = time.monotonic()
+        outcome = executor.run_held(job.id, job.claim, held.claimed_at, store_metadata=True)
+        if outcome is None:
+            return
         self.ran += 1
-        executor.heartbeat.start(job.id, job.claim.attempt or 0, claimed_at=held.claimed_at)
-        try:
-            outcome = executor.run(job.id, job.claim)
-        finally:
-            executor.heartbeat.stop()
-        self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - started)
+        self.batch.ran(time.monotonic() - started)
         group = job.claim.serial_group
         keep = group is not None and not outcome.die and self._keep(group)
         done = Done(job, outcome, executor.clone_delay(job.claim, outcome), keep)
