@@ -188,6 +188,10 @@ class Galera(Topology):
             "max_connections=300\n"
             "binlog_format=ROW\n"
             "default_storage_engine=InnoDB\n"
+            # bgq's procedures need a utf8mb4 database (MariaDB's own default is latin1; Debian's
+            # /etc/mysql, which these nodes never read, sets utf8mb4).
+            "character-set-server=utf8mb4\n"
+            "collation-server=utf8mb4_general_ci\n"
             "innodb_autoinc_lock_mode=2\n"
             "wsrep_on=ON\n"
             f"wsrep_provider={PROVIDER}\n"
