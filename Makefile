@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo web test lint bench chaos scale clean
+.PHONY: install demo web test lint sql bench chaos scale clean
 
 BENCH_VENV  := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
@@ -45,6 +45,13 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/sqlfluff lint db/mysql --dialect mysql
 	$(BIN)/sqlfluff lint db/postgres --dialect postgres
+
+# The rendered SQL of what install-procs installs (table background_job), checked in under
+# docs/sql/ for DBAs and reviewers; tests/test_sql_rendering.py fails when it is not current.
+sql: $(STAMP)
+	rm -rf docs/sql
+	$(BIN)/bgq sql --dialect mysql --write docs/sql/mysql
+	$(BIN)/bgq sql --dialect postgres --write docs/sql/postgres
 
 $(BENCH_STAMP): pyproject.toml tools/bench/requirements.txt
 	$(PYTHON) -m venv $(BENCH_VENV)
