@@ -70,6 +70,14 @@ def test_1047_is_a_retryable_node_not_ready_error():
         error = db.translate(exc)
         assert type(error) is NodeNotReadyError and error.retryable
         assert "WSREP has not yet prepared node" in str(error)
+        cut_off = db.translate(
+            pymysql.err.OperationalError(
+                1180,
+                "Error while appending streaming replication fragment"
+                "(provider status: Not connected to Primary Component)",
+            )
+        )
+        assert type(cut_off) is NodeNotReadyError and cut_off.retryable
         deadlock = db.translate(pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock"))
         assert type(deadlock) is DeadlockError and deadlock.retryable
     finally:

@@ -43,6 +43,9 @@ SERVER_ERRORS: dict[int, type[DatabaseError]] = {
     3572: LockTimeoutError,  # ER_LOCK_NOWAIT (MySQL 8: NOWAIT found a lock)
     1213: DeadlockError,  # ER_LOCK_DEADLOCK; on Galera also a failed certification at COMMIT
     1047: NodeNotReadyError,  # ER_UNKNOWN_COM_ERROR: "WSREP has not yet prepared node for application use"
+    # ER_ERROR_DURING_COMMIT: the commit failed and was rolled back; on Galera "... (provider status:
+    # Not connected to Primary Component)", a node cut off from the cluster's quorum.
+    1180: NodeNotReadyError,
     1020: SerializationFailureError,  # ER_CHECKREAD (MariaDB innodb_snapshot_isolation)
     1153: PacketTooLargeError,  # ER_NET_PACKET_TOO_LARGE (max_allowed_packet)
     2020: PacketTooLargeError,  # CR_NET_PACKET_TOO_LARGE (client side)
