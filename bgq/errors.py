@@ -67,7 +67,16 @@ class LockTimeoutError(DatabaseError):
 
 
 class DeadlockError(DatabaseError):
-    """The database broke a deadlock by rolling this transaction back."""
+    """The database broke a deadlock by rolling this transaction back (on Galera also: the
+    transaction lost the certification against another node's commit of the same rows)."""
+
+    retryable = True
+
+
+class NodeNotReadyError(DatabaseUnavailableError):
+    """The Galera node is not ready for queries (not Synced: joining, donating or cut off from the
+    cluster's primary component); nothing was done (MariaDB error 1047). The connection is
+    dropped, so the next try connects again (through haproxy: to a Synced node)."""
 
     retryable = True
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 #: The procedure set this package expects; bump it when any procedure's behaviour changes. (The
 #: tables' shape is versioned by the migrations in db/<dialect>/migrations/, bgq/migrate.py.)
-SCHEMA_VERSION = "7"
+SCHEMA_VERSION = "8"
 #: The shared SQL rules every procedure file may use (Jinja macros: in_queue, due, ...).
 _RULES = "macros/rules.sql"
 #: {table}_meta rows "routine:<name>" hold each installed routine's fingerprint.

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .db import Database
-from .errors import LockTimeoutError
+from .errors import ConnectionLostError, DatabaseError, LockTimeoutError
 from .procs import Procs
 
 #: {table}_meta has one row "migration:<NNNN_slug>" per applied migration; its value says how it
@@ -35,6 +39,8 @@ LEGACY_LEVELS: dict[str, int] = {"1": 0, "2": 1}
 
 #: How long `install-procs` waits for another one on the same table before giving up.
 LOCK_WAIT = 600.0
+#: The lease of the MySQL install lock row: a killed install delays the next one this long at most.
+LOCK_LEASE = 60
 
 
 @dataclass(frozen=True)
@@ -104,22 +110,32 @@ def table_exists(db: Database, conn: Connection, table: str) -> bool:
 
 
 @contextmanager
-def install_lock(db: Database, table: str, wait: float = LOCK_WAIT) -> Iterator[None]:
+def install_lock(
+    db: Database, table: str, wait: float = LOCK_WAIT, lease: int = LOCK_LEASE
+) -> Iterator[None]:
     """Only one `install-procs` at a time per table and database.
 
-    The lock is a session lock (MySQL DDL commits implicitly, so no transaction can span a
+    The lock outlives transactions (MySQL DDL commits implicitly, so no transaction can span a
     migration): it lives on a connection of its own, in autocommit mode (never idle inside a
     transaction, which the server would cut after `lock_timeout`), and is released at the end.
-    If the release fails, the connection is invalidated: closing the session frees the lock, so
-    a pooled connection can never keep it. Raises LockTimeoutError after `wait` seconds."""
-    take, release = db.dialect.install_lock_sql()
+    PostgreSQL: a session advisory lock; if the release fails, the connection is invalidated
+    (closing the session frees the lock). MySQL/MariaDB: a lock row in `bgq_install_lock`, which
+    holds across a Galera cluster as GET_LOCK would not (bgq/db/mysql.py install_lock_sql); a
+    thread refreshes its lease of `lease` seconds every lease / 6 while the install runs, so a
+    killed install delays the next one by `lease` seconds at most. Raises LockTimeoutError after
+    `wait` seconds."""
+    sql = db.dialect.install_lock_sql()
+    params = {"table": table, "holder": f"{socket.gethostname()[:150]} pid {os.getpid()} {uuid.uuid4().hex}",
+              "lease": int(lease)}  # fmt: skip
     try:
         conn = db.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     except sa.exc.DBAPIError as exc:
         raise db.translate(exc) from exc
     try:
+        for statement in sql.setup:
+            _scalar(db, conn, statement, params)
         deadline, warned = time.monotonic() + wait, False
-        while not _scalar(db, conn, take, table):
+        while not _take(db, conn, sql.take, params):
             if time.monotonic() >= deadline:
                 raise LockTimeoutError(
                     f"Another `bgq install-procs` is running on table {table!r} ({db.safe_url}): "
@@ -129,11 +145,22 @@ def install_lock(db: Database, table: str, wait: float = LOCK_WAIT) -> Iterator[
                 db.log.warning(f"bgq: another install-procs is running on table {table!r}; waiting for it.")
                 warned = True
             time.sleep(0.2)
+        done = threading.Event()
+        keeper = None
+        if sql.refresh:
+            keeper = threading.Thread(
+                target=_keep_lease, args=(db, conn, sql.refresh, params, lease / 6, done),
+                name="bgq-install-lease", daemon=True,
+            )  # fmt: skip
+            keeper.start()
         try:
             yield
         finally:
+            done.set()
+            if keeper is not None:
+                keeper.join(timeout=30)
             try:
-                _scalar(db, conn, release, table)
+                _scalar(db, conn, sql.release, params)
             except Exception:
                 conn.invalidate()
                 raise
@@ -141,9 +168,41 @@ def install_lock(db: Database, table: str, wait: float = LOCK_WAIT) -> Iterator[
         conn.close()
 
 
-def _scalar(db: Database, conn: Connection, sql: str, table: str) -> object:
+def _take(db: Database, conn: Connection, take: Sequence[str], params: dict[str, object]) -> bool:
+    """Run `take`'s statements; true when the last one says the lock is ours. A deadlock or a
+    failed certification (two Galera nodes writing the lock row at once) is a lock not taken yet."""
     try:
-        return conn.exec_driver_sql(sql, (table,)).scalar()
+        result = None
+        for statement in take:
+            result = _scalar(db, conn, statement, params)
+        return bool(result)
+    except DatabaseError as exc:
+        if exc.retryable and not isinstance(exc, ConnectionLostError):
+            return False
+        raise
+
+
+def _keep_lease(
+    db: Database,
+    conn: Connection,
+    refresh: str,
+    params: dict[str, object],
+    every: float,
+    done: threading.Event,
+) -> None:
+    """Refresh the lock row's lease every `every` seconds until `done` (a failed refresh is
+    logged and tried again at the next turn: the lease is six turns long)."""
+    while not done.wait(every):
+        try:
+            _scalar(db, conn, refresh, params)
+        except Exception as exc:  # noqa: BLE001 (the install goes on; the next turn tries again)
+            db.log.warning(f"bgq: could not refresh the install lock's lease ({exc}).")
+
+
+def _scalar(db: Database, conn: Connection, sql: str, params: dict[str, object]) -> object:
+    try:
+        result = conn.exec_driver_sql(sql, params)
+        return result.scalar() if result.returns_rows else None
     except sa.exc.DBAPIError as exc:
         raise db.translate(exc) from exc
 

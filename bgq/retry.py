@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 import tenacity
 from sqlalchemy.engine import Connection
 
-from .errors import DatabaseError
+from .errors import DatabaseError, NodeNotReadyError
 
 if TYPE_CHECKING:
     from .db import Database
@@ -25,8 +25,20 @@ _log = logging.getLogger("bgq")
 
 def retryable(exc: BaseException) -> bool:
     """True for an error that running the whole transaction again may cure: a lock timeout, a
-    deadlock, a serialisation failure, a lost connection (each class says so in `retryable`)."""
+    deadlock (on Galera also a failed certification at COMMIT), a serialisation failure, a lost
+    connection, a Galera node not ready (each class says so in `retryable`)."""
     return isinstance(exc, DatabaseError) and exc.retryable
+
+
+def _before_sleep(state: tenacity.RetryCallState) -> None:
+    """One line per retry: DEBUG for the everyday conflicts (a deadlock or certification failure
+    is cured by the next try), WARNING for a Galera node that is not ready (a node fault)."""
+    exc = state.outcome.exception() if state.outcome else None
+    message = f"bgq: retrying the transaction (try {state.attempt_number + 1}) after {exc!r}"
+    if isinstance(exc, NodeNotReadyError):
+        _log.warning(message)
+    else:
+        _log.debug(message)
 
 
 def policy(tries: int = TRIES) -> tenacity.Retrying:
@@ -36,9 +48,7 @@ def policy(tries: int = TRIES) -> tenacity.Retrying:
         stop=tenacity.stop_after_attempt(tries),
         wait=tenacity.wait_incrementing(start=PAUSE_S, increment=PAUSE_S),
         retry=tenacity.retry_if_exception(retryable),
-        before_sleep=lambda state: _log.debug(
-            f"bgq: retrying after {state.outcome.exception() if state.outcome else None!r}"
-        ),
+        before_sleep=_before_sleep,
         sleep=lambda seconds: time.sleep(seconds),  # looked up per call, so tests can stub it
         reraise=True,
     )

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
-from ..errors import BgqError, ConnectionLostError, DatabaseError, DatabaseUnavailableError
+from ..errors import BgqError, ConnectionLostError, DatabaseError, DatabaseUnavailableError, NodeNotReadyError
 from .alone import Alone, Sent
 from .dialect import Dialect, InstalledRoutine, Proc
 
@@ -138,7 +138,21 @@ class Database:
         dbapi_connection.commit()  # PostgreSQL: a SET inside a rolled-back transaction is undone
 
     def _on_error(self, context: Any) -> None:
-        """A lost connection (found by the pre-ping or mid-statement) is replaced; say so loudly."""
+        """A lost connection (found by the pre-ping or mid-statement) is replaced; say so loudly.
+
+        A Galera node that is not Synced (NodeNotReadyError) refuses every query until it is: its
+        session is dropped like a lost one (only this one: the pool's other connections may be on
+        other nodes), so the next try connects again, through haproxy to a Synced node."""
+        if not context.is_disconnect and isinstance(
+            self.dialect.translate(context.original_exception), NodeNotReadyError
+        ):
+            context.is_disconnect = True
+            context.invalidate_pool_on_disconnect = False
+            self.log.warning(
+                f"bgq: The database node is not ready (Galera: not Synced); reconnecting. "
+                f"({context.original_exception})"
+            )
+            return
         if context.is_disconnect:
             self.log.critical(
                 f"bgq: The database connection was lost; reconnecting. ({context.original_exception})"

@@ -22,6 +22,19 @@ class InstalledRoutine:
 
 
 @dataclass(frozen=True)
+class InstallLockSql:
+    """The statements of the install lock (bgq/migrate.py install_lock), each run in autocommit
+    mode with the parameters %(table)s (the jobs table), %(holder)s (this install's own token)
+    and %(lease)s (seconds): `setup` once, then `take` until its last statement returns true,
+    `refresh` (if any) every lease / 6 while the install runs, `release` at the end."""
+
+    setup: tuple[str, ...]
+    take: tuple[str, ...]
+    release: str
+    refresh: str | None = None
+
+
+@dataclass(frozen=True)
 class Proc:
     """A stored procedure's signature: its file name, kind and typed parameters."""
 
@@ -79,6 +92,6 @@ class Dialect(Protocol):
         """Whether a kept autocommit connection is open and outside any transaction (anything
         else, after an error, means it is broken)."""
 
-    def install_lock_sql(self) -> tuple[str, str]:
-        """(take the install lock of the table named %s without waiting: true if taken, release it):
-        a session lock, so that two `bgq install-procs` on one table never interleave."""
+    def install_lock_sql(self) -> InstallLockSql:
+        """The install lock of one table, taken without waiting, so that two
+        `bgq install-procs` on one table never interleave (InstallLockSql)."""

@@ -18,13 +18,14 @@ from ..errors import (
     JobNotFoundError,
     JobStateError,
     LockTimeoutError,
+    NodeNotReadyError,
     PacketTooLargeError,
     SchemaVersionError,
     SerializationError,
     SerializationFailureError,
     StatementCanceledError,
 )
-from .dialect import InstalledRoutine, Proc
+from .dialect import InstalledRoutine, InstallLockSql, Proc
 
 # The two halves of PyMySQL's Cursor.execute that `send` and `read` call apart.
 _CAN_SEND = all(
@@ -40,7 +41,11 @@ _JSON_REFUSED = {4025, 3157}
 SERVER_ERRORS: dict[int, type[DatabaseError]] = {
     1205: LockTimeoutError,  # ER_LOCK_WAIT_TIMEOUT (innodb_lock_wait_timeout)
     3572: LockTimeoutError,  # ER_LOCK_NOWAIT (MySQL 8: NOWAIT found a lock)
-    1213: DeadlockError,  # ER_LOCK_DEADLOCK
+    1213: DeadlockError,  # ER_LOCK_DEADLOCK; on Galera also a failed certification at COMMIT
+    1047: NodeNotReadyError,  # ER_UNKNOWN_COM_ERROR: "WSREP has not yet prepared node for application use"
+    # ER_ERROR_DURING_COMMIT: the commit failed and was rolled back; on Galera "... (provider status:
+    # Not connected to Primary Component)", a node cut off from the cluster's quorum.
+    1180: NodeNotReadyError,
     1020: SerializationFailureError,  # ER_CHECKREAD (MariaDB innodb_snapshot_isolation)
     1153: PacketTooLargeError,  # ER_NET_PACKET_TOO_LARGE (max_allowed_packet)
     2020: PacketTooLargeError,  # CR_NET_PACKET_TOO_LARGE (client side)
@@ -176,11 +181,36 @@ class MySQLDialect:
             " WHERE table_schema = DATABASE() AND table_name = %s"
         )
 
-    def install_lock_sql(self) -> tuple[str, str]:
-        """GET_LOCK is server-wide, so the name carries the database; a name is at most 64
-        characters, hence the hash (a collision only makes two installs wait for each other)."""
-        name = "CONCAT('bgq_install_', LEFT(SHA2(CONCAT(DATABASE(), '.', %s), 256), 40))"
-        return f"SELECT GET_LOCK({name}, 0)", f"SELECT RELEASE_LOCK({name})"
+    def install_lock_sql(self) -> InstallLockSql:
+        """A lock row in `bgq_install_lock` (one per jobs table of the database), not GET_LOCK:
+        GET_LOCK holds on one server only, and on a Galera cluster two installs on two nodes
+        would both get it. The row is written by a committed INSERT, so a second node sees it
+        (or fails certification on it, 1213, and tries again). A killed install cannot release
+        it: the row is a lease of %(lease)s seconds that the install refreshes while it runs, so
+        the next one takes over after it expired."""
+        now = "UTC_TIMESTAMP(6)"
+        expired = f"expires_at < {now}"
+        return InstallLockSql(
+            setup=(
+                "CREATE TABLE IF NOT EXISTS bgq_install_lock ("
+                " name VARCHAR(64) NOT NULL, holder VARCHAR(255) NOT NULL,"
+                " taken_at DATETIME(6) NOT NULL, expires_at DATETIME(6) NOT NULL,"
+                " PRIMARY KEY (name)) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
+            ),
+            take=(
+                "INSERT INTO bgq_install_lock (name, holder, taken_at, expires_at)"
+                f" VALUES (%(table)s, %(holder)s, {now}, {now} + INTERVAL %(lease)s SECOND)"
+                f" ON DUPLICATE KEY UPDATE holder = IF({expired}, VALUES(holder), holder),"
+                f" taken_at = IF({expired}, VALUES(taken_at), taken_at),"
+                f" expires_at = IF({expired}, VALUES(expires_at), expires_at)",
+                "SELECT COUNT(*) FROM bgq_install_lock WHERE name = %(table)s AND holder = %(holder)s",
+            ),
+            release="DELETE FROM bgq_install_lock WHERE name = %(table)s AND holder = %(holder)s",
+            refresh=(
+                f"UPDATE bgq_install_lock SET expires_at = {now} + INTERVAL %(lease)s SECOND"
+                " WHERE name = %(table)s AND holder = %(holder)s"
+            ),
+        )
 
 
 def inline(dbapi_connection: Any, sql: str, values: Sequence[Any]) -> str:

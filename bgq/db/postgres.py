@@ -28,7 +28,7 @@ from ..errors import (
     SerializationFailureError,
     StatementCanceledError,
 )
-from .dialect import InstalledRoutine, Proc
+from .dialect import InstalledRoutine, InstallLockSql, Proc
 
 # SQLSTATEs the functions RAISE (db/postgres/*.sql headers).
 _BGQ_ERRORS: dict[str, type[BgqError]] = {
@@ -178,11 +178,15 @@ class PostgresDialect:
             " WHERE schemaname = current_schema() AND tablename = lower(%s)"
         )
 
-    def install_lock_sql(self) -> tuple[str, str]:
-        """An advisory lock is per database: the pair of int4 keys is (a constant for "bgq
+    def install_lock_sql(self) -> InstallLockSql:
+        """A session advisory lock, per database: the pair of int4 keys is (a constant for "bgq
         install", the table's hash); a collision only makes two installs wait for each other."""
-        keys = "hashtext('bgq install'), hashtext(lower(%s))"  # one table, whatever the case
-        return f"SELECT pg_try_advisory_lock({keys})", f"SELECT pg_advisory_unlock({keys})"
+        keys = "hashtext('bgq install'), hashtext(lower(%(table)s))"  # one table, whatever the case
+        return InstallLockSql(
+            setup=(),
+            take=(f"SELECT pg_try_advisory_lock({keys})",),
+            release=f"SELECT pg_advisory_unlock({keys})",
+        )
 
 
 @functools.lru_cache(maxsize=16)

@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim, version 3 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_claim, version 4 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_claim(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_worker_id, p_now)
@@ -38,6 +38,11 @@
 -- Fencing: every write is conditional on a claimable state; a job claimed elsewhere first is
 --   'unexpected' or 'skipped' here and nothing is written.
 -- Errors: none of its own. Idempotent: a second call on a claimed job is 'unexpected'.
+-- Group row (every claim of a group's job writes it, the rule of every claiming procedure): the
+--   claim is {{ table }}_claim_job's, which writes the group row (a lock alone holds on one
+--   Galera node only; a write is certified on every node: two nodes' claims of one group cannot
+--   both commit, the second gets 1213 at COMMIT and is retried). Version 4: this rule, through
+--   {{ table }}_claim_job version 4; the body is unchanged.
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
 CREATE PROCEDURE {{ table }}_claim(
     IN p_id BIGINT UNSIGNED,

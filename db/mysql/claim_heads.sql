@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_heads, version 1 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_claim_heads, version 2 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_claim_heads(p_groups, p_free, p_queue, p_pid, p_min_priority,
@@ -39,6 +39,12 @@
 -- Errors: none of its own. Idempotent: no (a second call may claim the next heads).
 -- MySQL 8: SKIP LOCKED (8.0.1+), JSON_TABLE (8.0.4+) and JSON_ARRAYAGG (8.0.14+) are accepted by
 --   MariaDB 10.11 and MySQL 8 alike.
+-- Group row (every claim of a group's job writes it, the rule of every claiming procedure): the
+--   group rows of the heads claimed by the one UPDATE are written too (macros/rules.sql
+--   group_touch), not only locked FOR UPDATE SKIP LOCKED, which holds on one Galera node only;
+--   the other heads' rows are written by {{ table }}_claim_job. Two nodes' claims of one group
+--   so always write one row, and one of them fails certification at COMMIT (1213, retried by
+--   the caller). Version 2: the plain heads' group rows were only locked.
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT at READ COMMITTED.
 CREATE PROCEDURE {{ table }}_claim_heads(
     IN p_groups LONGTEXT,
@@ -68,6 +74,7 @@ BEGIN
     DECLARE v_list LONGTEXT;
     DECLARE v_rest LONGTEXT;
     DECLARE v_plain LONGTEXT DEFAULT '[]';
+    DECLARE v_plain_groups LONGTEXT DEFAULT '[]';
     DECLARE v_head BIGINT UNSIGNED;
     DECLARE v_outcome VARCHAR(16);
     DECLARE v_attempt INT;
@@ -149,8 +156,13 @@ BEGIN
             JSON_ARRAYAGG(IF(
                 h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL, NULL, h.id
             )) AS other,
-            SUM(NOT (h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL)) AS others
-        INTO v_plain, v_long, v_long_count
+            SUM(NOT (h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL)) AS others,
+            JSON_ARRAYAGG(IF(
+                h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL,
+                h.serial_group,
+                NULL
+            )) AS plain_groups
+        INTO v_plain, v_long, v_long_count, v_plain_groups
         FROM (
             SELECT (
                 SELECT x.id FROM {{ table }} AS x
@@ -184,6 +196,16 @@ BEGIN
             'v_list',
             ' AND state IN (1, 4, 8)',
             '@bgq_now, @bgq_pid, @bgq_worker, @bgq_now',
+        ) | indent(8) }}
+        -- Their group rows written, not only locked (macros/rules.sql group_touch: on Galera a
+        -- lock holds on its own node only; a write is certified on every node).
+        {{ listed('v_plain_groups', 'v_list', 'name') | indent(8) }};
+        {{ run_listed(
+            'bgq_heads_touch',
+            'UPDATE ' ~ table ~ '_group SET ' ~ group_touch(now='?') ~ ' WHERE serial_group IN',
+            'v_list',
+            '',
+            '@bgq_now',
         ) | indent(8) }}
         SELECT COALESCE(JSON_ARRAYAGG(d.id), JSON_ARRAY()) INTO o_claimed
         FROM (

@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_ids, version 1 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_claim_ids, version 2 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_claim_ids(p_ids, p_queue, p_pid, p_waiting_ms, p_worker_id, p_now)
@@ -33,6 +33,11 @@
 --   'unexpected' or 'skipped' here and nothing is written for it.
 -- Errors: none of its own. Idempotent: a second call on the same ids finds them claimed
 --   ('unexpected').
+-- Group row (every claim of a group's job writes it, the rule of every claiming procedure): a
+--   grouped job is claimed by {{ table }}_claim_job, which writes its group row (on Galera a
+--   lock holds on one node only, a write is certified on every node: two nodes' claims of one
+--   group cannot both commit, the second gets 1213 at COMMIT and is retried). Version 2: this
+--   rule, through {{ table }}_claim_job version 4; the body is unchanged.
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
 CREATE PROCEDURE {{ table }}_claim_ids(
     IN p_ids LONGTEXT,

@@ -1,4 +1,4 @@
--- bgq {{ table }}_finish_results, version 4 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_finish_results, version 5 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_finish_results(p_results, p_now, @written)
@@ -46,6 +46,10 @@
 --   4, 5 or 7, or when a FINISHED RECURRING job would be written without a clone_delay_ms.
 -- Idempotent: yes (a repeated call is fenced out: nothing written).
 -- MySQL 8: JSON_TABLE (8.0.4+) is accepted by MariaDB 10.11 and MySQL 8 alike.
+-- Group row: the upsert of each result's group row always changes it (macros/rules.sql
+--   group_touch), so a result and another node's claim of the same group conflict on Galera
+--   (one fails certification at COMMIT, 1213) as the claims do with each other; a row lock
+--   holds on one node only. Version 5: the upsert wrote updated_at = p_now.
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
 CREATE PROCEDURE {{ table }}_finish_results(
     IN p_results LONGTEXT,
@@ -155,7 +159,7 @@ BEGIN
             END IF;
             IF v_group IS NOT NULL THEN
                 INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (v_group, v_now)
-                ON DUPLICATE KEY UPDATE updated_at = v_now;
+                ON DUPLICATE KEY UPDATE {{ group_touch() }};
             END IF;
             SET v_locked = v_group;
         END IF;

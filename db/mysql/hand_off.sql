@@ -1,4 +1,4 @@
--- bgq {{ table }}_hand_off, version 3 (MySQL 8 / MariaDB 10.11)
+-- bgq {{ table }}_hand_off, version 4 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL {{ table }}_hand_off(p_results, p_groups, p_queue, p_pid, p_min_priority, p_max_priority,
@@ -60,6 +60,13 @@
 -- Idempotent: no (a second call may claim the next heads); a claimed job is never claimed again.
 -- MySQL 8: SKIP LOCKED (8.0.1+), JSON_TABLE (8.0.4+) and JSON_ARRAYAGG (8.0.14+) are accepted by
 --   MariaDB 10.11 and MySQL 8 alike.
+-- Group row (every claim of a group's job writes it, the rule of every claiming procedure): the
+--   results' group rows are upserted with a write that always changes them (macros/rules.sql
+--   group_touch), and every head is claimed by {{ table }}_claim_heads or
+--   {{ table }}_claim_job, which write the head's group row; the short way's one group row is
+--   that upsert. On Galera, two nodes' claims of one group so write one row, and one of them
+--   fails certification at COMMIT (1213, retried by the caller). Version 4: the upserts wrote
+--   updated_at = p_now (no change, so no write, for a repeated clock).
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT at READ COMMITTED.
 CREATE PROCEDURE {{ table }}_hand_off(
     IN p_results LONGTEXT,
@@ -159,7 +166,7 @@ BEGIN
     IF v_job_group = v_group AND v_job_mode IN ('normal', 'unique') AND v_waiting = 0 AND v_recorded = 0 THEN
         SET v_short = 1;
         INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (v_group, v_now)
-        ON DUPLICATE KEY UPDATE updated_at = v_now;
+        ON DUPLICATE KEY UPDATE {{ group_touch() }};
         -- As {{ table }}_finish_results writes a FINISHED result (a JSON null memory: NULL).
         UPDATE {{ table }}
         SET
@@ -201,7 +208,7 @@ BEGIN
             FROM JSON_TABLE(v_result_groups, '$[*]' COLUMNS (name VARCHAR(255) PATH '$')) AS n
             WHERE n.name IS NOT NULL
             ORDER BY n.name
-            ON DUPLICATE KEY UPDATE updated_at = v_now;
+            ON DUPLICATE KEY UPDATE {{ group_touch() }};
             -- The jobs to write, locked: still PROCESSING under the results' claims; then the
             -- results written as {{ table }}_finish_results writes a FINISHED one (a JSON null
             -- memory: NULL). Both statements reach the jobs by their primary key (see

@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim, version 3 (PostgreSQL 15)
+-- bgq {{ table }}_claim, version 4 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_claim(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_worker_id,
@@ -43,6 +43,9 @@
 -- Fencing: every write is conditional on a claimable state; a job claimed elsewhere first is
 --   'unexpected' or 'skipped' here and nothing is written.
 -- Errors: none of its own. Idempotent: a second call on a claimed job is 'unexpected'.
+-- Group row: every claim of a group's job writes the group's row (the MySQL twin's rule, for
+--   Galera, where a row lock holds on one node only); here the row is locked or upserted as
+--   before: version 4 changes nothing in this file but the version.
 -- Transaction: never commits (a function cannot). Call it inside BEGIN ... COMMIT at READ
 --   COMMITTED; the locks last until the end of the caller's transaction.
 CREATE OR REPLACE FUNCTION {{ table }}_claim(

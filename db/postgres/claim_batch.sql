@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_batch, version 6 (PostgreSQL 15)
+-- bgq {{ table }}_claim_batch, version 7 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_claim_batch(p_queue, p_limit, p_pid, p_min_priority,
@@ -51,6 +51,9 @@
 -- Fencing: every write is conditional on a claimable state.
 -- Errors: SQLSTATE BQ002 when p_limit is NULL or < 1 (nothing written).
 -- Idempotent: no (each call claims more jobs); a claimed job is never claimed again.
+-- Group row: every claim of a group's job writes the group's row (the MySQL twin's rule, for
+--   Galera, where a row lock holds on one node only); here the row is locked or upserted as
+--   before: version 7 changes nothing in this file but the version.
 -- Transaction: never commits (a function cannot). Call it inside BEGIN ... COMMIT at READ
 --   COMMITTED; the locks last until the end of the caller's transaction.
 CREATE OR REPLACE FUNCTION {{ table }}_claim_batch(

@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_ids, version 1 (PostgreSQL 15)
+-- bgq {{ table }}_claim_ids, version 2 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_claim_ids(p_ids, p_queue, p_pid, p_waiting_ms, p_worker_id, p_now)
@@ -32,6 +32,9 @@
 --   'unexpected' or 'skipped' here and nothing is written for it.
 -- Errors: none of its own. Idempotent: a second call on the same ids finds them claimed
 --   ('unexpected').
+-- Group row: every claim of a group's job writes the group's row (the MySQL twin's rule, for
+--   Galera, where a row lock holds on one node only); here the row is locked or upserted as
+--   before: version 2 changes nothing in this file but the version.
 -- Transaction: never commits (a function cannot). Call it inside BEGIN ... COMMIT at READ
 --   COMMITTED; the locks last until the end of the caller's transaction.
 CREATE OR REPLACE FUNCTION {{ table }}_claim_ids(

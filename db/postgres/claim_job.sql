@@ -1,4 +1,4 @@
--- bgq {{ table }}_claim_job, version 3 (PostgreSQL 15)
+-- bgq {{ table }}_claim_job, version 4 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM {{ table }}_claim_job(p_id, p_queue, p_pid, p_waiting_ms, p_metadata,
@@ -12,6 +12,9 @@
 -- Steps, Locks, Fencing, Errors, Idempotent: as documented in {{ table }}_claim (the group row
 --   waits at most 3 s: this function is declared SET lock_timeout = '3s', which PostgreSQL
 --   restores when it returns, also on error).
+-- Group row: every claim of a group's job writes the group's row (the MySQL twin's rule, for
+--   Galera, where a row lock holds on one node only); here the row is locked or upserted as
+--   before: version 4 changes nothing in this file but the version.
 -- Transaction: never commits (a function cannot). Call it inside BEGIN ... COMMIT at READ
 --   COMMITTED; the locks last until the end of the caller's transaction.
 CREATE OR REPLACE FUNCTION {{ table }}_claim_job(

@@ -1,4 +1,4 @@
--- bgq {{ table }}_finish_results, version 4 (PostgreSQL 15)
+-- bgq {{ table }}_finish_results, version 5 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT {{ table }}_finish_results(p_results, p_now) -> o_written
@@ -47,6 +47,9 @@
 --   aborts the caller's transaction) when a state is not 1, 3, 4, 5 or 7, or when a FINISHED
 --   RECURRING job would be written without a clone_delay_ms.
 -- Idempotent: yes (a repeated call is fenced out: nothing written).
+-- Group row: every claim of a group's job writes the group's row (the MySQL twin's rule, for
+--   Galera, where a row lock holds on one node only); here the row is locked or upserted as
+--   before: version 5 changes nothing in this file but the version.
 -- Transaction: never commits (a function cannot). Call it inside BEGIN ... COMMIT at READ
 --   COMMITTED; the locks last until the end of the caller's transaction.
 CREATE OR REPLACE FUNCTION {{ table }}_finish_results(

@@ -110,3 +110,14 @@ NOT EXISTS (SELECT 1 FROM {{ table }} AS {{ r }} WHERE {{ r }}.running_group = {
 {%- set c = j ~ '.' if j else '' -%}
 {{ c }}abort_requested_at >= {{ c }}last_attempt_at
 {%- endmacro %}
+
+{#- The group row's write that every claim of a group's job makes (and every result of one):
+    `updated_at` always moves, by at least a microsecond, so the row really changes. Galera
+    (docs/scale-out/galera.md) certifies writes only: a locking read (FOR UPDATE) and an upsert
+    that leaves the row as it was hold only on their own node, so two nodes could each claim a
+    job of one group. Two transactions that write one row cannot both commit on a cluster: the
+    second fails certification (1213) and is retried. The right-hand side of a SET or of an
+    ON DUPLICATE KEY UPDATE; `now` is the clock. -#}
+{% macro group_touch(now='v_now') -%}
+updated_at = GREATEST({{ now }}, updated_at + INTERVAL 1 MICROSECOND)
+{%- endmacro %}

@@ -1,4 +1,4 @@
--- bgq background_job_claim_batch, version 6 (MySQL 8 / MariaDB 10.11)
+-- bgq background_job_claim_batch, version 7 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL background_job_claim_batch(p_queue, p_limit, p_pid, p_min_priority, p_max_priority,
@@ -54,6 +54,12 @@
 -- MySQL 8: SKIP LOCKED (8.0.1+) in a derived table and JSON_TABLE (8.0.4+) are accepted by
 --   MariaDB 10.11 and MySQL 8 alike. The fallback for the heads costs a few index dives per
 --   group with unstarted jobs: it grows with the number of such groups, not with their jobs.
+-- Group row (every claim of a group's job writes it, the rule of every claiming procedure):
+--   every grouped or UNIQUE claim goes through background_job_claim_heads or background_job_claim_job,
+--   which write the claimed job's group row, not only lock it: on Galera a lock holds on one node
+--   only, a write is certified on every node, so two nodes' claims of one group cannot both
+--   commit (the second gets 1213 at COMMIT and is retried). Version 7: this rule, through
+--   background_job_claim_heads version 2; the body is unchanged.
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
 CREATE PROCEDURE background_job_claim_batch(
     IN p_queue VARCHAR(255),

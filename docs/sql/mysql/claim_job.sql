@@ -1,4 +1,4 @@
--- bgq background_job_claim_job, version 3 (MySQL 8 / MariaDB 10.11)
+-- bgq background_job_claim_job, version 4 (MySQL 8 / MariaDB 10.11)
 --
 -- Contract
 --   CALL background_job_claim_job(p_id, p_queue, p_pid, p_waiting_ms, p_metadata, p_worker_id,
@@ -12,6 +12,12 @@
 -- Steps, Locks, Fencing, Errors, Idempotent: as documented in background_job_claim
 --   (innodb_lock_wait_timeout is 3 for the group row's upsert only and restored at once, also
 --   on error).
+-- Group row (every claim of a group's job writes it, the rule of every claiming procedure): the
+--   upsert of the group row always changes it (macros/rules.sql group_touch: updated_at moves
+--   by at least 1 us), whatever the claim's outcome. A row lock holds on one Galera node only;
+--   two nodes' claims of one group both write this row, so one of them fails certification at
+--   COMMIT (1213, retried by the caller) and never both claim. Version 4: the upsert wrote
+--   updated_at = p_now, which left the row unchanged for a repeated clock (no write on Galera).
 -- Transaction: never commits. Call it inside START TRANSACTION ... COMMIT.
 CREATE PROCEDURE background_job_claim_job(
     IN p_id BIGINT UNSIGNED,
@@ -70,7 +76,7 @@ BEGIN
                 DECLARE EXIT HANDLER FOR 1205 SET o_outcome = 'locked';
                 SET SESSION innodb_lock_wait_timeout = 3;
                 INSERT INTO background_job_group (serial_group, updated_at) VALUES (v_group, v_now)
-                ON DUPLICATE KEY UPDATE updated_at = v_now;
+                ON DUPLICATE KEY UPDATE updated_at = GREATEST(v_now, updated_at + INTERVAL 1 MICROSECOND);
             END group_lock;
             SET SESSION innodb_lock_wait_timeout = v_old_wait;
             IF o_outcome = 'locked' THEN

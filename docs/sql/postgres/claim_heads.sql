@@ -1,4 +1,4 @@
--- bgq background_job_claim_heads, version 1 (PostgreSQL 15)
+-- bgq background_job_claim_heads, version 2 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT background_job_claim_heads(p_groups, p_free, p_queue, p_pid, p_min_priority,
@@ -36,6 +36,9 @@
 --   left alone. Then the claimed job rows.
 -- Fencing: every claim is conditional on a claimable state.
 -- Errors: none of its own. Idempotent: no (a second call may claim the next heads).
+-- Group row: every claim of a group's job writes the group's row (the MySQL twin's rule, for
+--   Galera, where a row lock holds on one node only); here the row is locked or upserted as
+--   before: version 2 changes nothing in this file but the version.
 -- Transaction: never commits (a function cannot). Call it inside BEGIN ... COMMIT at READ
 --   COMMITTED; the locks last until the end of the caller's transaction.
 CREATE OR REPLACE FUNCTION background_job_claim_heads(

@@ -1,4 +1,4 @@
--- bgq background_job_hand_off, version 3 (PostgreSQL 15)
+-- bgq background_job_hand_off, version 4 (PostgreSQL 15)
 --
 -- Contract
 --   SELECT * FROM background_job_hand_off(p_results, p_groups, p_queue, p_pid, p_min_priority,
@@ -58,6 +58,9 @@
 -- Errors: SQLSTATE BQ002 (nothing written) when p_groups is not a JSON array; those of
 --   background_job_finish_results.
 -- Idempotent: no (a second call may claim the next heads); a claimed job is never claimed again.
+-- Group row: every claim of a group's job writes the group's row (the MySQL twin's rule, for
+--   Galera, where a row lock holds on one node only); here the row is locked or upserted as
+--   before: version 4 changes nothing in this file but the version.
 -- Transaction: never commits (a function cannot). Call it inside BEGIN ... COMMIT at READ
 --   COMMITTED; the locks last until the end of the caller's transaction.
 CREATE OR REPLACE FUNCTION background_job_hand_off(
