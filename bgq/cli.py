@@ -828,12 +828,22 @@ def web(
     demo: Annotated[
         bool, typer.Option("--demo", help="Fill a demo table with jobs in every state, and show it.")
     ] = False,
+    read_url: Annotated[
+        str | None,
+        typer.Option(
+            "--read-url",
+            envvar="BGQ_WEB_READ_URL",
+            help="A standby's URL: the pages read there, the actions go to the primary (the app's or "
+            "--database-url's); without either, a read-only console on the standby.",
+        ),
+    ] = None,
 ) -> None:
     """The operator console (pip install 'bgq[web]'): overview, jobs, serial groups, failures.
 
     Shows --app's table, else --database-url/--table's; --demo uses its own table (embedded
-    PostgreSQL when no database is given). Refuses to start without credentials unless bound to
-    loopback with --no-auth.
+    PostgreSQL when no database is given). --read-url reads from a streaming standby instead
+    (a banner says so). Refuses to start without credentials unless bound to loopback with
+    --no-auth.
     """
     try:
         from .web.auth import Credentials
@@ -857,10 +867,23 @@ def web(
             database_url=state.database_url,
             **({"table_name": state.table} if state.table else {}),
         )
+    read_queue, read_only = None, False
+    if read_url:
+        if not demo and state.app_path is None and not state.database_url:  # the standby alone
+            queue.close()
+            queue = Queue(callbacks={"_console": lambda: None}, database_url=read_url,
+                          table_name=queue.config.table_name)  # fmt: skip
+            read_only = True
+        else:
+            read_queue = Queue(callbacks={"_console": lambda: None}, database_url=read_url,
+                               table_name=queue.config.table_name)  # fmt: skip
+            _ = read_queue.procs
     state.queue = queue
     _ = queue.procs  # reach the database and check the install before serving
-    typer.echo(f"bgq web: http://{host}:{port}/ (table {queue.config.table_name})")
-    serve(queue, host, port, credentials, no_auth)
+    where = f", reading from {(read_queue or queue).database.safe_url}" if read_url else ""
+    typer.echo(f"bgq web: http://{host}:{port}/ (table {queue.config.table_name}{where}"
+               f"{', read-only' if read_only else ''})")  # fmt: skip
+    serve(queue, host, port, credentials, no_auth, read_queue=read_queue, read_only=read_only)
 
 
 def main() -> None:
