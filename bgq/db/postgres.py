@@ -123,9 +123,9 @@ class PostgresDialect:
             kind = DatabaseUnavailableError if exc.pgconn is not None else ConnectionLostError
         if kind is None:
             return None
-        detail: object = exc
+        detail = " ".join(str(exc).split())  # one line in a log (libpq's messages span lines)
         if kind is ReadOnlyError:  # the message alone: its CONTEXT lines name bgq's own SQL
-            detail = getattr(getattr(exc, "diag", None), "message_primary", None) or exc
+            detail = getattr(getattr(exc, "diag", None), "message_primary", None) or detail
         return kind(f"{(kind.__doc__ or '').strip().rstrip('.')}: {detail}")
 
     def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
