@@ -855,35 +855,35 @@ def web(
            "BGQ_WEB_TOKEN": token or ""}  # fmt: skip
     credentials = Credentials.from_env(env)
     check_open(host, credentials, no_auth)  # before touching any database
+    # --read-url with no other database (no --app, --database-url or --demo): the standby alone.
+    standby_alone = bool(read_url) and not demo and state.app_path is None and not state.database_url
+    table = {"table_name": state.table} if state.table else {}
+    read_queue: Queue | None = None
     if demo:
         from .web.demo import demo_queue, seed
 
         queue = demo_queue(state.database_url)
         seed(queue)
+    elif standby_alone:
+        queue = Queue(callbacks={"_console": lambda: None}, database_url=read_url, **table)
     else:
         loaded = load_queue(required=False)
         queue = loaded or Queue(
             callbacks={"_console": lambda: None},  # the console runs no callback
             database_url=state.database_url,
-            **({"table_name": state.table} if state.table else {}),
+            **table,
         )
-    read_queue, read_only = None, False
-    if read_url:
-        if not demo and state.app_path is None and not state.database_url:  # the standby alone
-            queue.close()
-            queue = Queue(callbacks={"_console": lambda: None}, database_url=read_url,
-                          table_name=queue.config.table_name)  # fmt: skip
-            read_only = True
-        else:
-            read_queue = Queue(callbacks={"_console": lambda: None}, database_url=read_url,
-                               table_name=queue.config.table_name)  # fmt: skip
-            _ = read_queue.procs
+    if read_url and not standby_alone:
+        read_queue = Queue(
+            callbacks={"_console": lambda: None}, database_url=read_url, table_name=queue.config.table_name
+        )
+        _ = read_queue.procs  # the standby has the table and the procedures (replicated)
     state.queue = queue
     _ = queue.procs  # reach the database and check the install before serving
     where = f", reading from {(read_queue or queue).database.safe_url}" if read_url else ""
     typer.echo(f"bgq web: http://{host}:{port}/ (table {queue.config.table_name}{where}"
-               f"{', read-only' if read_only else ''})")  # fmt: skip
-    serve(queue, host, port, credentials, no_auth, read_queue=read_queue, read_only=read_only)
+               f"{', read-only' if standby_alone else ''})")  # fmt: skip
+    serve(queue, host, port, credentials, no_auth, read_queue=read_queue, read_only=standby_alone)
 
 
 def main() -> None:

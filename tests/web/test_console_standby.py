@@ -90,3 +90,42 @@ def test_the_standby_alone_is_a_read_only_console(pair, installed):
     assert client.post("/control/pause", data={"kind": "queue", "name": "general", "confirm": "yes",
                                                "reason": "x"}).status_code == 403  # fmt: skip
     assert installed.sql("SELECT state FROM {t} WHERE id = %s", (job,)) == [{"state": 1}]  # untouched
+
+
+def test_bgq_web_read_url_reads_on_the_standby_and_alone_is_read_only(installed, dialect, monkeypatch):
+    """`bgq web --read-url`: with --database-url the pages read on the standby, the actions go to
+    the primary; with the standby alone the console is read-only. (serve() is replaced by a
+    recorder of what it was given: uvicorn would serve for ever.)"""
+    from typer.testing import CliRunner
+
+    import bgq.web.serve
+    from bgq.cli import app as cli_app
+
+    served: list[dict[str, object]] = []
+
+    def record(queue, host, port, credentials, no_auth, read_queue=None, read_only=False):
+        served.append({"queue": queue, "read_queue": read_queue, "read_only": read_only})
+
+    monkeypatch.setattr(bgq.web.serve, "serve", record)
+    standby = _standby_url(installed.url, dialect)
+    env = {"BGQ_APP": "", "BGQ_DATABASE_URL": ""}
+    both = CliRunner().invoke(
+        cli_app, ["--database-url", installed.url, "--table", installed.table, "web", "--no-auth",
+                  "--read-url", standby], env=env,
+    )  # fmt: skip
+    assert both.exit_code == 0, both.output
+    assert "reading from" in both.output and "read-only" not in both.output
+    alone = CliRunner().invoke(
+        cli_app, ["--table", installed.table, "web", "--no-auth", "--read-url", standby], env=env
+    )
+    assert alone.exit_code == 0, alone.output
+    assert "read-only" in alone.output
+    first, second = served
+    assert first["read_queue"] is not None and first["read_only"] is False
+    assert first["queue"].config.database_url == installed.url
+    assert second["read_queue"] is None and second["read_only"] is True
+    assert second["queue"].config.database_url == standby
+    for call in served:
+        for q in (call["queue"], call["read_queue"]):
+            if q is not None:
+                q.close()
