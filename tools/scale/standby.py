@@ -21,9 +21,10 @@ detection delay (DETECT_S, what a failover manager's health checks take), `pg_ct
 of the standby, then a write on it (faults "failover_done": the new primary accepts writes).
 The standby's synchronous_standby_names is always '' in its own postgresql.conf, whatever
 pg_basebackup copied from the primary: promoted, it must not wait for a standby that is gone (it
-would make every commit hang). heal() rebuilds the node that went down as the new primary's
-standby (a fresh pg_basebackup: the old primary's unreplicated tail is discarded, no pg_rewind),
-and only then names it in the new primary's synchronous_standby_names (reload).
+would make every commit hang). Right after the promotion the fault rebuilds the node that went
+down as the new primary's standby (heal(): a fresh pg_basebackup, so the old primary's
+unreplicated tail is discarded, no pg_rewind), and only once it streams names it in the new
+primary's synchronous_standby_names (reload): the next failover of a run has a standby to go to.
 """
 
 from __future__ import annotations
@@ -224,10 +225,18 @@ class StandbyTopology(Topology):
         faults.add("failover_done", detail=f"{new.name} ({HOST}:{new.port}) promoted")
         self.primary, self.standby = new.name, None
         self.failovers += 1
-        return (
+        said = (
             f"{old.name} stopped (immediate), {new.name} promoted and taking writes after {took:.1f} s"
             f" (replication lag at the stop: {lag} bytes)"
         )
+        # What a failover manager does next: the old primary back as the new one's standby, so
+        # that the next failover of the run has somewhere to go (heal() retries if this fails).
+        started = time.monotonic()
+        try:
+            self.heal()
+        except Exception as exc:  # the run goes on without a standby; heal() tries again
+            return f"{said}; rebuilding {old.name} as its standby failed: {exc}"
+        return f"{said}; {old.name} rebuilt as its standby in {time.monotonic() - started:.1f} s"
 
     def _lag_bytes(self) -> str:
         with contextlib.suppress(Exception):
@@ -239,7 +248,8 @@ class StandbyTopology(Topology):
 
     def heal(self) -> None:
         """Rebuild the node that went down as the new primary's standby, then (synchronous)
-        name it in the primary's synchronous_standby_names."""
+        name it in the primary's synchronous_standby_names. fault() calls it right after the
+        promotion; after a run it does nothing unless that rebuild failed."""
         if self.standby is not None:
             return
         down = next(n for n in self.nodes if n != self.primary)
