@@ -184,7 +184,8 @@ class Database:
             return
         if context.is_disconnect:
             self.log.critical(
-                f"bgq: The database connection was lost; reconnecting. ({context.original_exception})"
+                "bgq: The database connection was lost; reconnecting."
+                f" ({_one_line(context.original_exception)})"
             )
 
     @contextmanager
