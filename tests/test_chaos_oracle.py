@@ -265,3 +265,26 @@ def test_recovery_names_a_busy_unit_that_never_came_back_while_others_worked() -
     short = events[:-2]
     (rec,) = oracle.recovery(short, faults, units, ("failover",))
     assert rec.missing == () and rec.back_s == pytest.approx(0.5)
+
+
+def test_recovery_does_not_wait_for_a_unit_the_harness_holds_frozen() -> None:
+    """A worker SIGSTOPped just before a failover comes back only when the harness resumes (or
+    kills) it: that is the freeze's time, not the topology's recovery."""
+    units = {100: "work0", 101: "work1", 102: "work1"}
+    events = (
+        run(0, 100, 1.0, 1.1) + run(1, 101, 1.5, 1.6)  # both busy before the fault at 2.0
+        + run(2, 100, 4.5, 4.6) + run(3, 102, 16.0, 16.1)  # work1 back only after its kill at 14
+    )  # fmt: skip
+    faults = [
+        fault("stop", 1.8, 101),
+        fault("failover", 2.0),
+        fault("failover_done", 4.0),
+        fault("kill", 14.0, 101),
+    ]
+    (rec,) = oracle.recovery(events, faults, units, ("failover",))
+    assert (rec.units, rec.missing) == (1, ())
+    assert rec.back_s == pytest.approx(0.5)
+    # Resumed before the topology served again, it is waited for as any other.
+    resumed = [*faults[:3], fault("cont", 3.0, 101)]
+    (rec,) = oracle.recovery(events, resumed, units, ("failover",))
+    assert rec.units == 2 and rec.back_s == pytest.approx(12.0)

@@ -520,13 +520,29 @@ class Recovery:
 BUSY_S = 10.0  # a unit that started a job this long before a fault was busy: it must come back
 
 
+def _held(faults: Sequence[Fault], at: int, pid_units: Mapping[int, str]) -> set[str]:
+    """The units the harness itself holds frozen at `at` (a stop with no cont or kill before
+    `at`): they cannot take a job until it lets them go, whatever the topology does."""
+    frozen: dict[int, bool] = {}
+    for g in faults:  # in time order
+        if g.ns >= at:
+            break
+        if g.pid is not None and g.kind == "stop":
+            frozen[g.pid] = True
+        elif g.pid is not None and g.kind in ("cont", "kill"):
+            frozen[g.pid] = False
+    return {pid_units.get(pid, f"pid {pid}") for pid, held in frozen.items() if held}
+
+
 def recovery(
     events: Sequence[Event], faults: Sequence[Fault], pid_units: Mapping[int, str], kinds: Sequence[str]
 ) -> list[Recovery]:
     """Per topology fault of `kinds`: when the topology served again, when the first job ended
     after it, and when every worker unit (a supervised worker; its restarted pids and `-c N`
     children belong to it) that was busy before the fault had started a job again. A unit is only
-    missed when jobs still started elsewhere more than BUSY_S after the fault was served."""
+    missed when jobs still started elsewhere more than BUSY_S after the fault was served. A unit
+    the harness holds frozen (SIGSTOP) when the topology serves again is not waited for: its
+    return measures the freeze, not the topology."""
     if not events:
         return []
     t0 = min(e.ns for e in events)
@@ -540,6 +556,7 @@ def recovery(
         done = next((g.ns for g in ordered[i + 1 :] if g.kind == f.kind + "_done"), None)
         base = done if done is not None else f.ns
         busy = {u for ns, u in starts if f.ns - int(BUSY_S * 1e9) <= ns < f.ns}
+        busy -= _held(ordered, base, pid_units)
         back: dict[str, int] = {}
         for ns, u in starts:
             if ns >= base and u in busy and u not in back:
