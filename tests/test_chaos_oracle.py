@@ -288,3 +288,22 @@ def test_recovery_does_not_wait_for_a_unit_the_harness_holds_frozen() -> None:
     resumed = [*faults[:3], fault("cont", 3.0, 101)]
     (rec,) = oracle.recovery(events, resumed, units, ("failover",))
     assert rec.units == 2 and rec.back_s == pytest.approx(12.0)
+
+
+def test_a_cluster_fault_explains_the_rerun_of_a_job_claimed_before_it_and_started_before_it_was_served() -> (
+    None
+):
+    """An asynchronous failover may lose a claim: the worker had claimed the job (in a batch) on
+    the old primary and starts it after the primary died, before the standby is promoted; the
+    new primary has the job READY and it runs again. Started after the topology served again,
+    a re-run is not explained."""
+    jobs = [oracle.Job(3, 3, None, 1)]
+    rows = {3: done(3, 101, 12.1, attempts=1)}
+    events = run(3, 100, 2.5, 2.6) + run(3, 101, 12.0, 12.1)  # first run inside [2.0, 3.0)
+    faults = [fault("failover", 2.0), fault("failover_done", 3.0)]
+    lenient = oracle.judge(jobs, events, faults, rows, cluster_kinds=("failover",))
+    assert (lenient.unexplained_reruns, lenient.classified_reruns) == (0, 1)
+    assert lenient.row_mismatches == 0  # attempts 1: the lost claim's attempt is not in the row
+    assert not lenient.failed
+    after = run(3, 100, 3.5, 3.6) + run(3, 101, 12.0, 12.1)  # claimed on the new primary
+    assert oracle.judge(jobs, after, faults, rows, cluster_kinds=("failover",)).unexplained_reruns == 1
