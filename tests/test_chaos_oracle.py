@@ -284,6 +284,15 @@ def test_recovery_does_not_wait_for_a_unit_the_harness_holds_frozen() -> None:
     (rec,) = oracle.recovery(events, faults, units, ("failover",))
     assert (rec.units, rec.missing) == (1, ())
     assert rec.back_s == pytest.approx(0.5)
+    # Frozen just after the topology served, before it took a job again: not waited for either.
+    late = [
+        fault("failover", 2.0),
+        fault("failover_done", 4.0),
+        fault("stop", 4.2, 101),
+        fault("kill", 14.0, 101),
+    ]
+    (rec,) = oracle.recovery(events, late, units, ("failover",))
+    assert (rec.units, rec.back_s) == (1, pytest.approx(0.5))
     # Resumed before the topology served again, it is waited for as any other.
     resumed = [*faults[:3], fault("cont", 3.0, 101)]
     (rec,) = oracle.recovery(events, resumed, units, ("failover",))

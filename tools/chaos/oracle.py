@@ -547,6 +547,15 @@ def _held(faults: Sequence[Fault], at: int, pid_units: Mapping[int, str]) -> set
     return {pid_units.get(pid, f"pid {pid}") for pid, held in frozen.items() if held}
 
 
+def _hit(faults: Sequence[Fault], after: int, pid_units: Mapping[int, str]) -> dict[str, list[int]]:
+    """When the harness froze or killed each unit at or after `after`."""
+    out: dict[str, list[int]] = defaultdict(list)
+    for g in faults:
+        if g.pid is not None and g.kind in ("stop", "kill") and g.ns >= after:
+            out[pid_units.get(g.pid, f"pid {g.pid}")].append(g.ns)
+    return out
+
+
 def recovery(
     events: Sequence[Event], faults: Sequence[Fault], pid_units: Mapping[int, str], kinds: Sequence[str]
 ) -> list[Recovery]:
@@ -554,8 +563,9 @@ def recovery(
     after it, and when every worker unit (a supervised worker; its restarted pids and `-c N`
     children belong to it) that was busy before the fault had started a job again. A unit is only
     missed when jobs still started elsewhere more than BUSY_S after the fault was served. A unit
-    the harness holds frozen (SIGSTOP) when the topology serves again is not waited for: its
-    return measures the freeze, not the topology."""
+    the harness holds frozen (SIGSTOP) when the topology serves again, or freezes or kills before
+    the unit took a job again, is not waited for: its return measures the harness's fault, not
+    the topology."""
     if not events:
         return []
     t0 = min(e.ns for e in events)
@@ -574,6 +584,12 @@ def recovery(
         for ns, u in starts:
             if ns >= base and u in busy and u not in back:
                 back[u] = ns
+        # Nor for a unit the harness froze or killed after the topology served and before the
+        # unit took a job again: it is the harness's fault that holds it, not the topology's.
+        hit = _hit(ordered, base, pid_units)
+        for u in [u for u in busy if any(t < back.get(u, 1 << 62) for t in hit.get(u, ()))]:
+            busy.discard(u)
+            back.pop(u, None)
         last_start = starts[-1][0] if starts else 0
         missing = tuple(sorted(u for u in busy - set(back) if last_start > base + int(BUSY_S * 1e9)))
         first_end = next((ns for ns in ends if ns >= f.ns), None)
