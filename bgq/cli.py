@@ -828,12 +828,22 @@ def web(
     demo: Annotated[
         bool, typer.Option("--demo", help="Fill a demo table with jobs in every state, and show it.")
     ] = False,
+    read_url: Annotated[
+        str | None,
+        typer.Option(
+            "--read-url",
+            envvar="BGQ_WEB_READ_URL",
+            help="A standby's URL: the pages read there, the actions go to the primary (the app's or "
+            "--database-url's); without either, a read-only console on the standby.",
+        ),
+    ] = None,
 ) -> None:
     """The operator console (pip install 'bgq[web]'): overview, jobs, serial groups, failures.
 
     Shows --app's table, else --database-url/--table's; --demo uses its own table (embedded
-    PostgreSQL when no database is given). Refuses to start without credentials unless bound to
-    loopback with --no-auth.
+    PostgreSQL when no database is given). --read-url reads from a streaming standby instead
+    (a banner says so). Refuses to start without credentials unless bound to loopback with
+    --no-auth.
     """
     try:
         from .web.auth import Credentials
@@ -845,22 +855,35 @@ def web(
            "BGQ_WEB_TOKEN": token or ""}  # fmt: skip
     credentials = Credentials.from_env(env)
     check_open(host, credentials, no_auth)  # before touching any database
+    # --read-url with no other database (no --app, --database-url or --demo): the standby alone.
+    standby_alone = bool(read_url) and not demo and state.app_path is None and not state.database_url
+    table = {"table_name": state.table} if state.table else {}
+    read_queue: Queue | None = None
     if demo:
         from .web.demo import demo_queue, seed
 
         queue = demo_queue(state.database_url)
         seed(queue)
+    elif standby_alone:
+        queue = Queue(callbacks={"_console": lambda: None}, database_url=read_url, **table)
     else:
         loaded = load_queue(required=False)
         queue = loaded or Queue(
             callbacks={"_console": lambda: None},  # the console runs no callback
             database_url=state.database_url,
-            **({"table_name": state.table} if state.table else {}),
+            **table,
         )
+    if read_url and not standby_alone:
+        read_queue = Queue(
+            callbacks={"_console": lambda: None}, database_url=read_url, table_name=queue.config.table_name
+        )
+        _ = read_queue.procs  # the standby has the table and the procedures (replicated)
     state.queue = queue
     _ = queue.procs  # reach the database and check the install before serving
-    typer.echo(f"bgq web: http://{host}:{port}/ (table {queue.config.table_name})")
-    serve(queue, host, port, credentials, no_auth)
+    where = f", reading from {(read_queue or queue).database.safe_url}" if read_url else ""
+    typer.echo(f"bgq web: http://{host}:{port}/ (table {queue.config.table_name}{where}"
+               f"{', read-only' if standby_alone else ''})")  # fmt: skip
+    serve(queue, host, port, credentials, no_auth, read_queue=read_queue, read_only=standby_alone)
 
 
 def main() -> None:

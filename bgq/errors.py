@@ -53,6 +53,18 @@ class ConnectionLostError(DatabaseUnavailableError):
     retryable = True  # the pool hands out a fresh connection; an unfinished transaction was rolled back
 
 
+class ReadOnlyError(DatabaseUnavailableError):
+    """The database server refuses writes (a standby, or a read-only session); bgq connects again."""
+
+    # PostgreSQL SQLSTATE 25006 read_only_sql_transaction, MySQL/MariaDB 1290 (--read-only) and
+    # 1792 (a READ ONLY transaction): e.g. the old primary's address after a failover, or a URL
+    # to a standby without target_session_attrs=read-write.
+    # Nothing was written. bgq drops every pooled connection (they reach the same read-only
+    # server) and the next attempt connects again: a multi-host URL with
+    # target_session_attrs=read-write then finds the primary that took over.
+    retryable = True
+
+
 class OutcomeUnknownError(ConnectionLostError):
     """The connection was lost after a statement went out in a transaction of its own (a publish):
     the server may have committed it, so running it again could do it twice."""

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 from . import aio, metrics, retry, runner
 from . import params as params_codec
 from .config import Config
-from .errors import BgqError, SerializationError
+from .errors import BgqError, DatabaseUnavailableError, SerializationError
 from .heartbeat import Heartbeat
 from .model import ClaimResult, FinishResult, JobState, Mode, Outcome
 from .sender import Sender
@@ -278,7 +278,9 @@ class Executor:
         takes it back). The first retries come fast: a cut session or a deadlock is cured at once,
         and a result must not wait so long that the reaper takes the job it belongs to. A retryable
         error (deadlock, lock timeout, lost connection) is logged at WARNING, with `failure` as the
-        message; a non-retryable one, and the last failure, at CRITICAL with its traceback."""
+        message; a non-retryable one, and the last failure, at CRITICAL with its traceback (a
+        DatabaseUnavailableError, the database out of reach during a failover, at WARNING while
+        it retries and without a traceback)."""
         for attempt, pause in enumerate(PERSIST_PAUSES):
             if pause:  # the first try goes at once (sleep(0) would still give the CPU away)
                 time.sleep(pause)
@@ -286,9 +288,15 @@ class Executor:
                 with self.store.database.transaction() as conn:
                     return call(conn)
             except BgqError as exc:
+                # The database out of reach (a failover, a restart) is no bug: one line, no traceback.
+                unreachable = isinstance(exc, DatabaseUnavailableError)
                 if attempt == len(PERSIST_PAUSES) - 1:
-                    self.log.critical(f"{failure} Gave up after {attempt + 1} attempts.", exc_info=exc)
-                elif retry.retryable(exc):
+                    gave_up = f"{failure} Gave up after {attempt + 1} attempts."
+                    self.log.critical(
+                        f"{gave_up} ({exc})" if unreachable else gave_up,
+                        exc_info=None if unreachable else exc,
+                    )
+                elif retry.retryable(exc) or unreachable:
                     self.log.warning(f"{failure} ({exc})")
                 else:
                     self.log.critical(failure, exc_info=exc)

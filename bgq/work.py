@@ -262,7 +262,9 @@ class _Worker:
                     break
             return waker
         except Exception as exc:  # the waker's connection broke: wait `poll`, then claim
-            self.log.warning(f"bgq: The wake-up connection failed; reconnecting. ({exc})")
+            self.log.warning(
+                f"bgq: The wake-up connection failed; reconnecting. ({' '.join(str(exc).split())})"
+            )
             if waker is not None:
                 waker.close()
             time.sleep(self.poll)

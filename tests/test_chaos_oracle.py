@@ -265,3 +265,54 @@ def test_recovery_names_a_busy_unit_that_never_came_back_while_others_worked() -
     short = events[:-2]
     (rec,) = oracle.recovery(short, faults, units, ("failover",))
     assert rec.missing == () and rec.back_s == pytest.approx(0.5)
+
+
+def test_recovery_does_not_wait_for_a_unit_the_harness_holds_frozen() -> None:
+    """A worker SIGSTOPped just before a failover comes back only when the harness resumes (or
+    kills) it: that is the freeze's time, not the topology's recovery."""
+    units = {100: "work0", 101: "work1", 102: "work1"}
+    events = (
+        run(0, 100, 1.0, 1.1) + run(1, 101, 1.5, 1.6)  # both busy before the fault at 2.0
+        + run(2, 100, 4.5, 4.6) + run(3, 102, 16.0, 16.1)  # work1 back only after its kill at 14
+    )  # fmt: skip
+    faults = [
+        fault("stop", 1.8, 101),
+        fault("failover", 2.0),
+        fault("failover_done", 4.0),
+        fault("kill", 14.0, 101),
+    ]
+    (rec,) = oracle.recovery(events, faults, units, ("failover",))
+    assert (rec.units, rec.missing) == (1, ())
+    assert rec.back_s == pytest.approx(0.5)
+    # Frozen just after the topology served, before it took a job again: not waited for either.
+    late = [
+        fault("failover", 2.0),
+        fault("failover_done", 4.0),
+        fault("stop", 4.2, 101),
+        fault("kill", 14.0, 101),
+    ]
+    (rec,) = oracle.recovery(events, late, units, ("failover",))
+    assert (rec.units, rec.back_s) == (1, pytest.approx(0.5))
+    # Resumed before the topology served again, it is waited for as any other.
+    resumed = [*faults[:3], fault("cont", 3.0, 101)]
+    (rec,) = oracle.recovery(events, resumed, units, ("failover",))
+    assert rec.units == 2 and rec.back_s == pytest.approx(12.0)
+
+
+def test_a_cluster_fault_explains_the_rerun_of_a_job_claimed_before_it_and_started_before_it_was_served() -> (
+    None
+):
+    """An asynchronous failover may lose a claim: the worker had claimed the job (in a batch) on
+    the old primary and starts it after the primary died, before the standby is promoted; the
+    new primary has the job READY and it runs again. Started after the topology served again,
+    a re-run is not explained."""
+    jobs = [oracle.Job(3, 3, None, 1)]
+    rows = {3: done(3, 101, 12.1, attempts=1)}
+    events = run(3, 100, 2.5, 2.6) + run(3, 101, 12.0, 12.1)  # first run inside [2.0, 3.0)
+    faults = [fault("failover", 2.0), fault("failover_done", 3.0)]
+    lenient = oracle.judge(jobs, events, faults, rows, cluster_kinds=("failover",))
+    assert (lenient.unexplained_reruns, lenient.classified_reruns) == (0, 1)
+    assert lenient.row_mismatches == 0  # attempts 1: the lost claim's attempt is not in the row
+    assert not lenient.failed
+    after = run(3, 100, 3.5, 3.6) + run(3, 101, 12.0, 12.1)  # claimed on the new primary
+    assert oracle.judge(jobs, after, faults, rows, cluster_kinds=("failover",)).unexplained_reruns == 1

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote, unquote
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
-from ..errors import BgqError, ConnectionLostError, DatabaseError, DatabaseUnavailableError, NodeNotReadyError
+from ..errors import (
+    BgqError,
+    ConnectionLostError,
+    DatabaseError,
+    DatabaseUnavailableError,
+    NodeNotReadyError,
+    ReadOnlyError,
+)
 from .alone import Alone, Sent
 from .dialect import Dialect, InstalledRoutine, Proc
 
@@ -53,7 +62,7 @@ def normalise_url(raw: str) -> sa.URL:
     `postgresql://` become postgresql+psycopg, `mysql://` and `mariadb://` +pymysql). A URL that
     does not parse or names another database raises DatabaseError, before anything connects."""
     try:
-        url = sa.make_url(raw)
+        url = sa.make_url(_hosts_to_query(raw))
     except Exception as exc:  # sqlalchemy raises ArgumentError with the URL in it
         raise DatabaseError(f"Invalid database URL: {exc}") from None
     # The driver is read off the URL's text: SQLAlchemy's get_driver_name() loads the dialect,
@@ -69,6 +78,32 @@ def normalise_url(raw: str) -> sa.URL:
     return url
 
 
+#: A libpq multi-host URI: scheme://[userinfo@]host1[:port1],host2[:port2].../rest.
+_MULTI_HOST = re.compile(
+    r"^(?P<scheme>postgres(?:ql)?(?:\+\w+)?)://(?:(?P<auth>[^@/?]*)@)?(?P<hosts>[^/?@]*,[^/?@]*)(?P<rest>[/?].*)?$"
+)
+
+
+def _hosts_to_query(raw: str) -> str:
+    """libpq's multi-host URI, `postgresql://u@h1:p1,h2:p2/db?...`, in the form SQLAlchemy
+    parses (its URL has one host and one port): `postgresql://u@/db?host=h1:p1&host=h2:p2&...`,
+    which its psycopg dialect hands to libpq as host=h1,h2 port=p1,p2. Any other URL as it is."""
+    m = _MULTI_HOST.match(raw.strip())
+    if m is None:
+        return raw
+    hosts = [h.strip() for h in m["hosts"].split(",") if h.strip()]
+    rest = m["rest"] or "/"
+    path, _, query = rest.partition("?")
+    params = "&".join(f"host={quote(h, safe='[]:')}" for h in hosts)
+    auth = f"{m['auth']}@" if m["auth"] is not None else ""
+    return f"{m['scheme']}://{auth}{path or '/'}?{params}{'&' + query if query else ''}"
+
+
+def render_url(url: sa.URL) -> str:
+    """`url` as people read it, the password hidden: a multi-host URL's `host=h:p` unquoted."""
+    return unquote(url.render_as_string(hide_password=True))
+
+
 def _check_url_options(engine: sa.Engine) -> None:
     """Refuse, before anything connects, a URL option the driver's connect() does not take (a
     typo in `?conect_timeout=5` on MySQL would fail inside every connection attempt as a TypeError).
@@ -78,6 +113,11 @@ def _check_url_options(engine: sa.Engine) -> None:
         inspect.signature(engine.dialect.loaded_dbapi.connect).bind(*cargs, **cparams)
     except TypeError as exc:
         raise DatabaseError(f"Invalid database URL: {engine.dialect.driver}.connect() {exc}.") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """A driver error's message on one line (psycopg's carry a second line of context)."""
+    return " ".join(str(exc).split())
 
 
 #: Default of the Queue option `lock_timeout`, in seconds.
@@ -142,20 +182,29 @@ class Database:
 
         A Galera node that is not Synced (NodeNotReadyError) refuses every query until it is: its
         session is dropped like a lost one (only this one: the pool's other connections may be on
-        other nodes), so the next try connects again, through haproxy to a Synced node."""
-        if not context.is_disconnect and isinstance(
-            self.dialect.translate(context.original_exception), NodeNotReadyError
-        ):
+        other nodes), so the next try connects again, through haproxy to a Synced node.
+
+        A server that refuses writes (ReadOnlyError: a standby, the old primary's address after
+        a failover) counts as a disconnect too: SQLAlchemy then invalidates this connection and
+        every pooled one opened before it (they all reach that server), and the next checkout
+        connects again, which a multi-host URL with target_session_attrs=read-write steers to
+        the primary."""
+        orig = context.original_exception
+        error = self.dialect.translate(orig) if orig is not None else None
+        if not context.is_disconnect and isinstance(error, NodeNotReadyError):
             context.is_disconnect = True
             context.invalidate_pool_on_disconnect = False
             self.log.warning(
-                f"bgq: The database node is not ready (Galera: not Synced); reconnecting. "
-                f"({context.original_exception})"
+                f"bgq: The database node is not ready (Galera: not Synced); reconnecting. ({orig})"
             )
+            return
+        if isinstance(error, ReadOnlyError):
+            context.is_disconnect = True  # (the caller logs the ReadOnlyError, once)
             return
         if context.is_disconnect:
             self.log.critical(
-                f"bgq: The database connection was lost; reconnecting. ({context.original_exception})"
+                "bgq: The database connection was lost; reconnecting."
+                f" ({_one_line(context.original_exception)})"
             )
 
     @contextmanager
@@ -201,12 +250,15 @@ class Database:
             else:
                 error = DatabaseError(f"{type(orig).__name__}: {orig}")
         if type(error) is DatabaseUnavailableError:  # never connected: say where it tried
-            error = DatabaseUnavailableError(f"Cannot reach the database at {self.safe_url}: {orig}")
+            # On one line: libpq lists each host of a multi-host URL it tried on a line of its own.
+            error = DatabaseUnavailableError(
+                f"Cannot reach the database at {self.safe_url}: {_one_line(orig)}"
+            )
         return error
 
     @property
     def safe_url(self) -> str:
-        return self.url.render_as_string(hide_password=True)
+        return render_url(self.url)
 
     def call(self, conn: Connection, table: str, proc: Proc, args: Sequence[Any]) -> list[dict[str, Any]]:
         """Call a procedure on `conn` (inside the caller's transaction) and return its rows."""

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ..errors import BgqError, ConnectionLostError, DatabaseError, OutcomeUnknownError
+from ..errors import BgqError, ConnectionLostError, DatabaseError, OutcomeUnknownError, ReadOnlyError
 
 if TYPE_CHECKING:
     from . import Database
@@ -137,12 +137,16 @@ class Alone:
     def _failed(self, kept: _Kept, exc: BaseException) -> BgqError:
         """The error to raise for a driver error on `kept`, which goes back to the idle list
         when it is still usable and is closed when it is not."""
+        error = self.database.translate(exc)
+        if isinstance(error, ReadOnlyError):  # a standby: nothing was written; every kept
+            kept.close()  # connection reaches that server, so all are dropped and opened again
+            self.close()
+            return error
         usable = self.dialect.idle_outside_transaction(kept.conn)
         if usable:
             self._give_back(kept)
         else:
             kept.close()
-        error = self.database.translate(exc)
         if not usable or isinstance(error, ConnectionLostError):
             return _outcome_unknown(exc)
         return error

@@ -20,6 +20,7 @@ from ..errors import (
     LockTimeoutError,
     NodeNotReadyError,
     PacketTooLargeError,
+    ReadOnlyError,
     SchemaVersionError,
     SerializationError,
     SerializationFailureError,
@@ -64,6 +65,8 @@ SERVER_ERRORS: dict[int, type[DatabaseError]] = {
     1053: ConnectionLostError,  # ER_SERVER_SHUTDOWN
     1927: ConnectionLostError,  # ER_CONNECTION_KILLED (MariaDB: KILL of this session)
     4031: ConnectionLostError,  # disconnected for inactivity (MariaDB idle_transaction_timeout, MySQL 8)
+    1290: ReadOnlyError,  # ER_OPTION_PREVENTS_STATEMENT (--read-only, --super-read-only: a replica)
+    1792: ReadOnlyError,  # ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION
 }
 
 

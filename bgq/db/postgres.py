@@ -24,6 +24,7 @@ from ..errors import (
     JobStateError,
     LockTimeoutError,
     PacketTooLargeError,
+    ReadOnlyError,
     SchemaVersionError,
     SerializationFailureError,
     StatementCanceledError,
@@ -50,6 +51,7 @@ SERVER_ERRORS: dict[str, type[DatabaseError]] = {
     "57P01": ConnectionLostError,  # admin_shutdown (pg_terminate_backend, smart/fast shutdown)
     "57P02": ConnectionLostError,  # crash_shutdown
     "25P03": ConnectionLostError,  # idle_in_transaction_session_timeout
+    "25006": ReadOnlyError,  # read_only_sql_transaction (a hot standby, default_transaction_read_only)
 }
 _CONNECTION_CLASS = "08"
 _IDLE = psycopg.pq.TransactionStatus.IDLE
@@ -121,7 +123,10 @@ class PostgresDialect:
             kind = DatabaseUnavailableError if exc.pgconn is not None else ConnectionLostError
         if kind is None:
             return None
-        return kind(f"{(kind.__doc__ or '').strip().rstrip('.')}: {exc}")
+        detail = " ".join(str(exc).split())  # one line in a log (libpq's messages span lines)
+        if kind is ReadOnlyError:  # the message alone: its CONTEXT lines name bgq's own SQL
+            detail = getattr(getattr(exc, "diag", None), "message_primary", None) or detail
+        return kind(f"{(kind.__doc__ or '').strip().rstrip('.')}: {detail}")
 
     def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
         ms = int(seconds) * 1000

@@ -80,8 +80,20 @@ OUTCOMES = {
 CONTROLS = {"pause": "Pause", "resume": "Resume"}
 
 
-def app(queue: Queue, *, credentials: Credentials | None = None, no_auth: bool = False) -> Starlette:
+def app(
+    queue: Queue,
+    *,
+    credentials: Credentials | None = None,
+    no_auth: bool = False,
+    read_queue: Queue | None = None,
+    read_only: bool = False,
+) -> Starlette:
     """The console for `queue` as an ASGI app, to serve (`bgq web`) or mount in yours.
+
+    `read_queue`: the same table on a streaming standby (`bgq web --read-url`): every page reads
+    there, the actions (requeue, cancel, pause...) still go to `queue`, the primary; each page
+    says so in a banner. `read_only`: no actions at all (`queue` itself is a standby: `bgq web
+    --read-url` without another database).
 
     Closed by default: without `credentials` they come from the environment (BGQ_WEB_USER and
     BGQ_WEB_PASSWORD, BGQ_WEB_READONLY_USER and BGQ_WEB_READONLY_PASSWORD, BGQ_WEB_TOKEN); with
@@ -96,7 +108,7 @@ def app(queue: Queue, *, credentials: Credentials | None = None, no_auth: bool =
                 "bgq web needs credentials: set BGQ_WEB_USER and BGQ_WEB_PASSWORD (or BGQ_WEB_TOKEN), "
                 "or pass no_auth=True behind your own authentication."
             )
-    console = Console(queue)
+    console = Console(queue, read_queue, read_only)
     routes = [
         Route("/", console.overview),
         Route("/fragments/overview", console.overview_fragment),
@@ -269,20 +281,39 @@ def chart(minutes: list[dict[str, Any]]) -> dict[str, Any]:
 class Console:
     """The pages of one queue's console; each page reads in one transaction."""
 
-    def __init__(self, queue: Queue) -> None:
-        self.queue = queue
+    def __init__(self, queue: Queue, read_queue: Queue | None = None, read_only: bool = False) -> None:
+        self.queue = queue  # the primary: actions, pauses
+        self.reader = read_queue or queue  # every page's reads (a standby, with --read-url)
+        self.read_only = read_only
+        #: The banner's words, or None: reading from the primary.
+        self.standby = (
+            None
+            if read_queue is None and not read_only
+            else f"{self.reader.database.safe_url}: pages may lag the primary by the replication delay; "
+            + ("actions are off (no primary given)." if read_only else "actions go to the primary.")
+        )
         self.templates = Jinja2Templates(directory=HERE / "templates")
         self.templates.env.globals.update(
             state_name=lambda s: JobState(s).name, stamp=stamp, actions=ACTIONS, max_bulk=MAX_BULK
         )
         self._reads: Reads | None = None
+        self._primary_reads: Reads | None = None
 
     @property
     def reads(self) -> Reads:
         if self._reads is None:
-            self.queue.store.procs  # noqa: B018 (checks the install once, as every part does)
-            self._reads = Reads(self.queue.database, self.queue.config.table_name)
+            self.reader.store.procs  # noqa: B018 (checks the install once, as every part does)
+            self._reads = Reads(self.reader.database, self.reader.config.table_name)
         return self._reads
+
+    @property
+    def primary_reads(self) -> Reads:
+        """Reads on the primary: the ids a bulk action changes (a standby may lag)."""
+        if self.reader is self.queue:
+            return self.reads
+        if self._primary_reads is None:
+            self._primary_reads = Reads(self.queue.database, self.queue.config.table_name)
+        return self._primary_reads
 
     def render(self, request: Request, template: str, status: int = 200, **context: Any) -> Response:
         state = request.scope.get("state", {})
@@ -290,8 +321,9 @@ class Console:
         path = request.url.path
         here = path[len(root) :] if root and path.startswith(root) else path
         context.update(
-            user=state.get("user"), can_act=state.get("role") == ADMIN, request=request, root=root, here=here
-        )
+            user=state.get("user"), can_act=state.get("role") == ADMIN and not self.read_only,
+            request=request, root=root, here=here, standby=self.standby,
+        )  # fmt: skip
         context.setdefault("table", self.queue.config.table_name)
         return self.templates.TemplateResponse(request, template, context, status_code=status)
 
@@ -299,11 +331,11 @@ class Console:
 
     def _overview(self) -> dict[str, Any]:
         now = dt.datetime.now(dt.UTC)
-        with self.queue.database.transaction() as conn:
+        with self.reader.database.transaction() as conn:
             counts = self.reads.counts(conn)
             oldest = self.reads.oldest_due(conn, now)
             minutes = self.reads.last_hour(conn, now)
-        workers = self.queue.workers()
+        workers = self.reader.workers()
         alive = sum(1 for w in workers if self._alive(w, now))
         states = sorted({int(r["state"]) for r in counts})
         by_queue: dict[str, dict[int, int]] = {}
@@ -319,7 +351,7 @@ class Console:
             "chart": chart(minutes),
             "workers_alive": alive,
             "workers_dead": len(workers) - alive,
-            "paused": self.queue.paused(),
+            "paused": self.reader.paused(),
         }
 
     def _alive(self, worker: WorkerRow, now: dt.datetime) -> bool:
@@ -339,7 +371,7 @@ class Console:
     def _page(self, request: Request, f: JobFilter) -> dict[str, Any]:
         newest_first = request.query_params.get("order", "newest") != "oldest"
         after = _int(request.query_params.get("after"))
-        with self.queue.database.transaction() as conn:
+        with self.reader.database.transaction() as conn:
             rows = self.reads.jobs(conn, f, after, newest_first, PAGE + 1)
         more, rows = len(rows) > PAGE, rows[:PAGE]
         query = {**f.query(), "order": "newest" if newest_first else "oldest"}
@@ -352,7 +384,7 @@ class Console:
 
     def job(self, request: Request) -> Response:
         job_id = int(request.path_params["job_id"])
-        with self.queue.database.transaction() as conn:
+        with self.reader.database.transaction() as conn:
             row = self.reads.job(conn, job_id)
         if row is None:
             return self.render(
@@ -360,7 +392,7 @@ class Console:
             )
         now = dt.datetime.now(dt.UTC)
         worker_id = row.get("worker_id")
-        worker = next((w for w in self.queue.workers() if w.id == worker_id), None) if worker_id else None
+        worker = next((w for w in self.reader.workers() if w.id == worker_id), None) if worker_id else None
         return self.render(
             request, "job.html", job=row, parameters=pretty_parameters(row), due=due_at(row),
             worker_id=worker_id, worker=worker, worker_alive=worker is not None and self._alive(worker, now),
@@ -380,11 +412,11 @@ class Console:
     def groups(self, request: Request) -> Response:
         after = request.query_params.get("after") or None
         name = request.query_params.get("name") or None
-        with self.queue.database.transaction() as conn:
+        with self.reader.database.transaction() as conn:
             views = self.reads.groups(conn, after, name, PAGE + 1)
         more, views = len(views) > PAGE, views[:PAGE]
         now = dt.datetime.now(dt.UTC)
-        pauses = self.queue.paused()
+        pauses = self.reader.paused()
         rows = [
             {"view": v, "blocker": blocker(v, now, pauses), "oldest_age": age(v.oldest_created_at, now),
              "paused": paused_by(pauses, "group", v.name) is not None}
@@ -403,12 +435,12 @@ class Console:
         rows = [
             {"w": w, "alive": self._alive(w, now), "beat_age": age(w.last_heartbeat_at, now),
              "up": age(w.started_at, now)}
-            for w in self.queue.workers()
+            for w in self.reader.workers()
         ]  # fmt: skip
         return self.render(request, "workers.html", rows=rows, dead_after=self.queue.config.worker_dead_after)
 
     def schedules(self, request: Request) -> Response:
-        rows = self.queue.schedules()
+        rows = self.reader.schedules()
         return self.render(request, "schedules.html", rows=rows)
 
     # --- pause and resume of a queue or a group: confirm (GET), then control (POST) ---
@@ -419,6 +451,8 @@ class Console:
         return op, kind, (params.get("name") or "").strip()
 
     def confirm_control(self, request: Request) -> Response:
+        if self.read_only:
+            return self._read_only(request)
         op, kind, name = self._control_target(request.query_params)
         if op is None or kind is None or not name:
             return self.render(request, "message.html", 400, title="Not understood",
@@ -429,6 +463,8 @@ class Console:
         """Pause or resume a queue or a group (queue.pause / queue.resume, each one procedure). The
         pause stores the reason and the console user; a resume (which deletes the pause) is logged
         with both."""
+        if self.read_only:
+            return self._read_only(request)
         form = dict(parse_qsl((await request.body()).decode("utf-8", "replace"), keep_blank_values=True))
         op, kind, name = self._control_target({**form, "op": request.path_params["op"]})
         why = form.get("reason", "").strip()
@@ -454,6 +490,10 @@ class Console:
         )
         return self.render(request, "message.html", title=CONTROLS[op], message=message, result_id="result")
 
+    def _read_only(self, request: Request) -> Response:
+        message = "This console reads from a standby and has no primary: no actions."
+        return self.render(request, "message.html", 403, title="Read-only", message=message)
+
     # --- actions: confirm (GET), then act (POST) ---
 
     def _target(self, params: Any) -> tuple[Action | None, int | None, JobFilter]:
@@ -461,6 +501,8 @@ class Console:
         return action, _int(params.get("id")), job_filter(params)
 
     def confirm(self, request: Request) -> Response:
+        if self.read_only:
+            return self._read_only(request)
         action, job_id, f = self._target(request.query_params)
         if action is None:
             return self.render(
@@ -476,7 +518,7 @@ class Console:
             )
         count = 1
         if job_id is None:
-            with self.queue.database.transaction() as conn:
+            with self.reader.database.transaction() as conn:
                 count = self.reads.count(conn, f)
         fields = {"id": job_id} if job_id is not None else f.query()
         return self.render(request, "confirm.html", action=action, job_id=job_id, filter=f, count=count,
@@ -490,11 +532,14 @@ class Console:
         fingerprint (or while a cut stream reconnects) is in neither."""
 
         def fingerprint() -> tuple[Any, ...]:
-            with self.queue.database.transaction() as conn:
+            with self.reader.database.transaction() as conn:
                 return self.reads.signature(conn)
 
         async def stream() -> AsyncIterator[str]:
-            listener = await anyio.to_thread.run_sync(self.queue.store.procs.listener)
+            # LISTEN runs on the primary (a standby refuses it); read-only on a standby: polling.
+            listener = (
+                None if self.read_only else await anyio.to_thread.run_sync(self.queue.store.procs.listener)
+            )
             last = await anyio.to_thread.run_sync(fingerprint)
             try:
                 yield "retry: 2000\n\n"
@@ -522,6 +567,8 @@ class Console:
     async def act(self, request: Request) -> Response:
         """Run an action on one job (`id`) or on every job matching the filter (up to MAX_BULK), each
         through its procedure in a transaction of its own; jobs that changed meanwhile are skipped."""
+        if self.read_only:
+            return self._read_only(request)
         # An urlencoded form (the only kind the pages send), parsed without python-multipart.
         form = dict(parse_qsl((await request.body()).decode("utf-8", "replace"), keep_blank_values=True))
         action, job_id, f = self._target({**form, "name": request.path_params["name"]})
@@ -542,7 +589,7 @@ class Console:
                 ids, after = [], None
                 while len(ids) < MAX_BULK:
                     with self.queue.database.transaction() as conn:
-                        page = self.reads.jobs(conn, f, after, False, min(500, MAX_BULK - len(ids)))
+                        page = self.primary_reads.jobs(conn, f, after, False, min(500, MAX_BULK - len(ids)))
                     if not page:
                         break
                     ids.extend(r["id"] for r in page)

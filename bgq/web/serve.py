@@ -39,9 +39,14 @@ def check_open(host: str, credentials: Credentials, no_auth: bool) -> Credential
     return credentials
 
 
-def serve(queue: Queue, host: str, port: int, credentials: Credentials, no_auth: bool) -> None:
+def serve(
+    queue: Queue, host: str, port: int, credentials: Credentials, no_auth: bool,
+    read_queue: Queue | None = None, read_only: bool = False,
+) -> None:  # fmt: skip
     import uvicorn
 
     allowed = check_open(host, credentials, no_auth)
-    console = app(queue, credentials=allowed, no_auth=allowed is None)
+    console = app(
+        queue, credentials=allowed, no_auth=allowed is None, read_queue=read_queue, read_only=read_only
+    )
     uvicorn.run(console, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)

@@ -209,7 +209,8 @@ def executions(
 
     `cluster_kinds`: faults of a whole topology (no pid) that may undo a result already written,
     such as a failover to an asynchronous standby: each one interrupts every execution that
-    started before it, as a kill of its process would."""
+    started before it, as a kill of its process would, and every execution that started before
+    the topology served again (its job was claimed before the fault: that claim may be lost)."""
     by_token = {j.token: j for j in jobs}
     kills: dict[int, list[int]] = defaultdict(list)
     stops: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -227,7 +228,15 @@ def executions(
             stops[f.pid].append((open_stop.pop(f.pid), f.ns))
     for pid, a in open_stop.items():
         stops[pid].append((a, run_end))
-    cluster = [f for f in faults if f.pid is None and f.kind in cluster_kinds]
+    # Each cluster fault with the instant the topology served again (its `_done`; the run's end
+    # if it never did): a job that started in between was claimed before the fault (no node took
+    # writes meanwhile), and that claim may be what the fault undid.
+    ordered = sorted(faults, key=lambda f: f.ns)
+    cluster = [
+        (f, next((g.ns for g in ordered[i + 1 :] if g.kind == f.kind + "_done"), run_end))
+        for i, f in enumerate(ordered)
+        if f.pid is None and f.kind in cluster_kinds
+    ]
 
     out: list[Execution] = []
     by_proc: dict[str, list[Event]] = defaultdict(list)
@@ -268,7 +277,7 @@ def executions(
         ex.resumed = next((b for a, b in stops.get(ex.pid, []) if ex.start - window <= b <= ex.start), None)
         interrupts = [(k, "killed") for k in later]
         interrupts += [(a, "frozen") for a, _ in stops.get(ex.pid, []) if a >= ex.start]
-        interrupts += [(f.ns, f.kind) for f in cluster if f.ns >= ex.start]
+        interrupts += [(f.ns, f.kind) for f, served in cluster if f.ns >= ex.start or ex.start < served]
         ex.interrupt = min(interrupts) if interrupts else None
     out.sort(key=lambda x: x.start)
     return out
@@ -407,10 +416,13 @@ def check_completions(
                 verdict.note(f"re-run ({reason})", evidence)
 
 
-def check_rows(execs: Sequence[Execution], rows: Mapping[int, Row], verdict: Verdict) -> None:
+def check_rows(
+    execs: Sequence[Execution], rows: Mapping[int, Row], verdict: Verdict, cluster_kinds: Sequence[str] = ()
+) -> None:
     """(f) For a re-run job whose last run completed, the row is the last run's, not a zombie's. A
     last run that is a zombie start (ZOMBIE_START_S) after another run completed is set aside: the
-    row must be the run before it, and not the zombie start's result."""
+    row must be the run before it, and not the zombie start's result. A run a cluster fault
+    interrupted may be missing from the row's attempts (the fault undid its claim)."""
     per_job: dict[int, list[Execution]] = defaultdict(list)
     for ex in execs:
         per_job[ex.job.id].append(ex)
@@ -449,7 +461,8 @@ def check_rows(execs: Sequence[Execution], rows: Mapping[int, Row], verdict: Ver
                 problems.append(f"state {row.state}")
             if row.pid is not None and row.pid != last.pid:
                 problems.append(f"pid {row.pid} is not the last run's {last.pid}")
-            if row.attempts < len(runs):
+            undone = sum(1 for r in runs[:-1] if r.interrupt is not None and r.interrupt[1] in cluster_kinds)
+            if row.attempts < len(runs) - undone:
                 problems.append(f"attempts {row.attempts} < {len(runs)} runs")
             if row.finished_at is None or row.finished_at < last.end_wall - CLOCK_TOLERANCE_S:
                 problems.append(
@@ -486,7 +499,7 @@ def judge(
     check_overlaps(execs, verdict)
     check_order(jobs, execs, verdict)
     check_completions(jobs, execs, rows, reaped, verdict)
-    check_rows(execs, rows, verdict)
+    check_rows(execs, rows, verdict, cluster_kinds)
     for job in jobs:
         row = rows.get(job.id)
         state = row.state if row is not None else -99
@@ -520,13 +533,39 @@ class Recovery:
 BUSY_S = 10.0  # a unit that started a job this long before a fault was busy: it must come back
 
 
+def _held(faults: Sequence[Fault], at: int, pid_units: Mapping[int, str]) -> set[str]:
+    """The units the harness itself holds frozen at `at` (a stop with no cont or kill before
+    `at`): they cannot take a job until it lets them go, whatever the topology does."""
+    frozen: dict[int, bool] = {}
+    for g in faults:  # in time order
+        if g.ns >= at:
+            break
+        if g.pid is not None and g.kind == "stop":
+            frozen[g.pid] = True
+        elif g.pid is not None and g.kind in ("cont", "kill"):
+            frozen[g.pid] = False
+    return {pid_units.get(pid, f"pid {pid}") for pid, held in frozen.items() if held}
+
+
+def _hit(faults: Sequence[Fault], after: int, pid_units: Mapping[int, str]) -> dict[str, list[int]]:
+    """When the harness froze or killed each unit at or after `after`."""
+    out: dict[str, list[int]] = defaultdict(list)
+    for g in faults:
+        if g.pid is not None and g.kind in ("stop", "kill") and g.ns >= after:
+            out[pid_units.get(g.pid, f"pid {g.pid}")].append(g.ns)
+    return out
+
+
 def recovery(
     events: Sequence[Event], faults: Sequence[Fault], pid_units: Mapping[int, str], kinds: Sequence[str]
 ) -> list[Recovery]:
     """Per topology fault of `kinds`: when the topology served again, when the first job ended
     after it, and when every worker unit (a supervised worker; its restarted pids and `-c N`
     children belong to it) that was busy before the fault had started a job again. A unit is only
-    missed when jobs still started elsewhere more than BUSY_S after the fault was served."""
+    missed when jobs still started elsewhere more than BUSY_S after the fault was served. A unit
+    the harness holds frozen (SIGSTOP) when the topology serves again, or freezes or kills before
+    the unit took a job again, is not waited for: its return measures the harness's fault, not
+    the topology."""
     if not events:
         return []
     t0 = min(e.ns for e in events)
@@ -540,10 +579,17 @@ def recovery(
         done = next((g.ns for g in ordered[i + 1 :] if g.kind == f.kind + "_done"), None)
         base = done if done is not None else f.ns
         busy = {u for ns, u in starts if f.ns - int(BUSY_S * 1e9) <= ns < f.ns}
+        busy -= _held(ordered, base, pid_units)
         back: dict[str, int] = {}
         for ns, u in starts:
             if ns >= base and u in busy and u not in back:
                 back[u] = ns
+        # Nor for a unit the harness froze or killed after the topology served and before the
+        # unit took a job again: it is the harness's fault that holds it, not the topology's.
+        hit = _hit(ordered, base, pid_units)
+        for u in [u for u in busy if any(t < back.get(u, 1 << 62) for t in hit.get(u, ()))]:
+            busy.discard(u)
+            back.pop(u, None)
         last_start = starts[-1][0] if starts else 0
         missing = tuple(sorted(u for u in busy - set(back) if last_start > base + int(BUSY_S * 1e9)))
         first_end = next((ns for ns in ends if ns >= f.ns), None)

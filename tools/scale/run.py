@@ -50,6 +50,7 @@ from tools.scale.topology import Topology  # noqa: E402
 TOPOLOGIES = {
     "pgbouncer": "pgbouncer",
     "standby": "standby",
+    "standby-async": "standby",
     "galera": "galera",
     "rabbitmq": "rabbitmq",
 }
