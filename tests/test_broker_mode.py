@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from bgq import JobState
 from tests.conftest import AMQP_URL
 from tests.support import ledger_worker
-from tests.support.helpers import set_row, state_of
+from tests.support.helpers import set_row, state_of, wait_until
 
 
 def _ago(**delta) -> dt.datetime:
@@ -270,15 +270,6 @@ def _start_consumers(installed, ledger, base, count):
     return procs
 
 
-def _wait_for(predicate, seconds=60.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_seed_6_canonical_order_through_the_broker_with_two_consumers(
     broker_queue, rabbit, installed, ledger
 ):
@@ -291,7 +282,12 @@ def test_seed_6_canonical_order_through_the_broker_with_two_consumers(
     ]
     procs = _start_consumers(installed, ledger, rabbit.base, 2)
     try:
-        assert _wait_for(lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids))
+        wait_until(
+            lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids),
+            "every job FINISHED",
+            60.0,
+            0.1,
+        )
         for _ in range(2):
             queue.config.producer.publish_die(rabbit.base)
         for p in procs:
@@ -310,7 +306,7 @@ def test_sigterm_lets_the_running_job_finish_and_write_its_result(broker_queue, 
     queue = broker_queue(callbacks={"slow": ledger_worker.slow_ledger_job})
     job = queue.publish("slow", ["s", None, 2.0])
     (proc,) = _start_consumers(installed, ledger, rabbit.base, 1)
-    assert _wait_for(lambda: ledger_worker.read_ledger(installed.url, ledger) != [])
+    wait_until(lambda: ledger_worker.read_ledger(installed.url, ledger) != [], "a job ran", 60.0, 0.1)
     os.kill(proc.pid, signal.SIGTERM)
     proc.join(30)
     assert proc.exitcode == 0
@@ -324,7 +320,7 @@ def test_a_killed_consumer_does_not_get_its_job_run_twice(broker_queue, rabbit, 
     queue = broker_queue(callbacks={"slow": ledger_worker.slow_ledger_job})
     job = queue.publish("slow", ["k", None, 5.0])
     (victim,) = _start_consumers(installed, ledger, rabbit.base, 1)
-    assert _wait_for(lambda: ledger_worker.read_ledger(installed.url, ledger) != [])
+    wait_until(lambda: ledger_worker.read_ledger(installed.url, ledger) != [], "a job ran", 60.0, 0.1)
     victim.kill()
     victim.join(10)
     (survivor,) = _start_consumers(installed, ledger, rabbit.base, 1)

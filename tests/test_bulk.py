@@ -7,13 +7,12 @@ import json
 import logging
 import multiprocessing
 import threading
-import time
 
 import pytest
 
 from bgq import DatabaseError, OutcomeUnknownError, Queue
 from bgq.db import alone as alone_module
-from tests.support.helpers import count_rows, utc
+from tests.support.helpers import count_rows, utc, wait_until
 
 
 def _params_by_id(installed):
@@ -309,14 +308,6 @@ def test_four_processes_bulk_publishing_at_once_each_get_the_ids_of_their_own_jo
 # --- PostgreSQL sends a batch and reads its ids at the next flush: what a caller sees of that ---
 
 
-def _wait_until(predicate, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
-
-
 def test_a_full_batch_is_committed_without_waiting_for_the_next_publish(make_queue, installed):
     """The server commits a batch as soon as it has inserted it: jobs published in bulk reach
     the workers while the publisher is busy elsewhere, whatever it does next."""
@@ -324,7 +315,7 @@ def test_a_full_batch_is_committed_without_waiting_for_the_next_publish(make_que
     with queue.bulk() as batch:
         for n in range(4):
             queue.publish("noop", [n])
-        _wait_until(lambda: count_rows(installed) == 3, "the first batch committed")
+        wait_until(lambda: count_rows(installed) == 3, "the first batch committed")
     assert [_params_by_id(installed)[i] for i in batch.ids] == [[n] for n in range(4)]
 
 
@@ -441,7 +432,7 @@ def test_threads_that_end_inside_a_bulk_leave_no_connection_behind(make_queue, i
         thread.join()
         gc.collect()
     assert isinstance(queue.publish("noop", ["after"]), int)  # a slot was free at once
-    _wait_until(lambda: count_rows(installed) == 2 * (slots + 2) + 1, "every sent batch committed")
+    wait_until(lambda: count_rows(installed) == 2 * (slots + 2) + 1, "every sent batch committed")
 
 
 def _child_end_bulk(queue: Queue, out) -> None:

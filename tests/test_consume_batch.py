@@ -21,25 +21,12 @@ from tests.conftest import AMQP_URL
 from tests.support import ledger_worker
 from tests.support.helpers import (
     PID,
-    QUEUE,
-    T0,
     WAITING_MS,
-    claimed,
     fail_first_follow_up,
-    new_job,
     procs,
-    set_row,
     state_of,
+    wait_until,
 )
-
-
-def _wait_for(predicate, seconds=60.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _full_batches() -> None:
@@ -107,7 +94,7 @@ def test_a_batch_is_claimed_in_one_transaction_and_acknowledged_after_it(
     assert [c for c in claims_per_transaction if c] == [10]
     assert events == ["committed"] + ["ack"] * 10
     assert all(state_of(installed, i) == JobState.FINISHED for i in ids)
-    assert _wait_for(lambda: rabbit.count(f"{rabbit.base}_1") == 0, 10)
+    wait_until(lambda: rabbit.count(f"{rabbit.base}_1") == 0, "the queue is empty", 10, 0.1)
 
 
 def test_a_batch_is_acknowledged_by_one_basic_ack_sent_after_its_claim_committed(
@@ -136,7 +123,7 @@ def test_a_batch_is_acknowledged_by_one_basic_ack_sent_after_its_claim_committed
         assert bgq.consumer.consume(queue, None, 10, [1], stop, batch_max=10) == 0
     assert events == ["committed", ("basic.ack", True)]
     assert all(state_of(installed, i) == JobState.FINISHED for i in ids)
-    assert _wait_for(lambda: rabbit.count(f"{rabbit.base}_1") == 0, 10)
+    wait_until(lambda: rabbit.count(f"{rabbit.base}_1") == 0, "the queue is empty", 10, 0.1)
 
 
 def test_a_consumer_killed_between_the_claim_commit_and_the_acks_runs_no_job_twice(
@@ -155,12 +142,19 @@ def test_a_consumer_killed_between_the_claim_commit_and_the_acks_runs_no_job_twi
     assert victim.exitcode == -signal.SIGKILL
     assert [state_of(installed, i) for i in ids] == [JobState.PROCESSING] * 5
     assert ledger_worker.read_ledger(installed.url, ledger) == []
-    assert _wait_for(lambda: rabbit.count(f"{rabbit.base}_1") == 5, 10)  # unacknowledged: back
+    wait_until(
+        lambda: rabbit.count(f"{rabbit.base}_1") == 5, "the 5 messages back in the queue", 10, 0.1
+    )  # unacknowledged: back
     survivor = _process(
         consume_in_batches, installed.url, installed.table, ledger, AMQP_URL, rabbit.base, 0, 2, 0
     )
     try:
-        assert _wait_for(lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids), 90)
+        wait_until(
+            lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids),
+            "every job FINISHED",
+            90,
+            0.1,
+        )
     finally:
         survivor.terminate()
         survivor.join(30)
@@ -187,7 +181,12 @@ def test_a_group_taken_in_one_batch_runs_in_order_and_one_job_at_a_time(
         for _ in range(2)
     ]
     try:
-        assert _wait_for(lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids))
+        wait_until(
+            lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids),
+            "every job FINISHED",
+            60.0,
+            0.1,
+        )
         for _ in range(2):
             queue.config.producer.publish_die(rabbit.base)
         for p in procs:
@@ -200,45 +199,6 @@ def test_a_group_taken_in_one_batch_runs_in_order_and_one_job_at_a_time(
     assert [token for _, token, _, event in events if event == "start"] == list("abdegcf")
     for i in range(0, len(events), 2):
         assert events[i][3] == "start" and events[i + 1][3] == "end" and events[i][1] == events[i + 1][1]
-
-
-def test_claim_ids_claims_each_job_as_claim_would_in_one_call(installed):
-    """{table}_claim_ids on every kind of id, in the order given: an ungrouped job and a group's
-    head are claimed (the set-based path and claim_job give the same columns), a finished job is
-    skipped, a running one unexpected, an unknown id missing, and every grouped job after the
-    first is deferred, unchanged (one group's locks per transaction); each of those, claimed
-    alone, is what {table}_claim returns for it: the group's next job waits, a paused group's
-    job is paused."""
-    plain, head, second = new_job(installed), new_job(installed, group="g"), new_job(installed, group="g")
-    done, running = new_job(installed), new_job(installed)
-    paused = new_job(installed, group="p")
-    set_row(installed, done, state=3)
-    claimed(installed, running)
-    with installed.db.transaction() as conn:
-        procs(installed).pause(conn, "group", "p", "tests", "tests", T0)
-    order = [plain, head, second, done, running, paused, 987654]
-    with installed.db.transaction() as conn:
-        results = procs(installed).claim_ids(conn, order, QUEUE, PID, WAITING_MS, T0, worker_id=None)
-    assert [job_id for job_id, _ in results] == order
-    got = {job_id: r for job_id, r in results}
-    assert [got[i].outcome for i in order] == [
-        "claimed", "claimed", "deferred", "skipped", "unexpected", "deferred", "missing",
-    ]  # fmt: skip
-    assert [got[i].state for i in order] == [2, 2, None, 3, 2, None, None]
-    assert (got[plain].attempt, got[head].attempt, got[second].attempt) == (1, 1, None)
-    assert (got[plain].callback_name, got[plain].queue, got[plain].priority) == ("cb", QUEUE, 1)
-    assert got[head].serial_group == "g" and got[second].callback_name is None
-    rows = {r["id"]: r for r in installed.sql("SELECT id, state, pid, number_of_attempts FROM {t}")}
-    assert (rows[plain]["state"], rows[plain]["pid"], rows[plain]["number_of_attempts"]) == (2, PID, 1)
-    assert (rows[second]["state"], rows[paused]["state"]) == (1, 1)  # deferred: unchanged
-    for job_id, outcome, state in ((second, "waiting", 6), (paused, "paused", 1)):
-        with installed.db.transaction() as conn:
-            ((_, alone),) = procs(installed).claim_ids(conn, [job_id], QUEUE, PID, WAITING_MS, T0)
-        assert (alone.outcome, alone.state) == (outcome, state)
-    assert alone.predecessor_id is None
-    with installed.db.transaction() as conn:  # a second call changes nothing
-        again = procs(installed).claim_ids(conn, [plain, head], QUEUE, PID, WAITING_MS, T0)
-    assert [r.outcome for _, r in again] == ["unexpected", "unexpected"]
 
 
 def test_a_failing_follow_up_costs_no_other_job_its_result_or_follow_up(
@@ -314,15 +274,22 @@ def test_a_grouped_job_given_back_sends_the_job_its_group_promoted(
     )
     consumer.start()
     try:
-        assert _wait_for(lambda: state_of(installed, head) == JobState.PROCESSING, 15)
+        wait_until(
+            lambda: state_of(installed, head) == JobState.PROCESSING, "the head is PROCESSING", 15, 0.1
+        )
         better = queue.publish("rec", ["B"], serial_group="g", priority=1)
         # Another consumer takes B's message and claims B: WAITING behind the running H.
-        assert _wait_for(lambda: rabbit.count(f"{rabbit.base}_1") == 1, 5)
+        wait_until(lambda: rabbit.count(f"{rabbit.base}_1") == 1, "one message in the queue", 5, 0.1)
         assert rabbit.bodies(f"{rabbit.base}_1") == [str(better)]
         with installed.db.transaction() as conn:
             taken = procs(installed).claim(conn, better, rabbit.base, PID, WAITING_MS, None)
         assert taken.outcome != "claimed" and state_of(installed, better) == JobState.WAITING, taken
-        assert _wait_for(lambda: ran[-2:] == ["B", "H"], 20), f"ran {ran}; B is {state_of(installed, better)}"
+        wait_until(
+            lambda: ran[-2:] == ["B", "H"],
+            f"B then H ran (ran {ran}; B is {state_of(installed, better)})",
+            20,
+            0.1,
+        )
     finally:
         stop.requested = True
         consumer.join(30)

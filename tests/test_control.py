@@ -13,7 +13,7 @@ import sqlalchemy as sa
 import bgq
 from bgq.install import render
 from bgq.model import JobState
-from tests.support.helpers import state_of
+from tests.support.helpers import state_of, wait_until
 
 
 def _row(installed, job_id: int) -> dict[str, Any]:
@@ -191,13 +191,6 @@ def _run_in_thread(queue, job_id: int) -> threading.Thread:
     return worker
 
 
-def _wait(predicate, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def test_aborting_a_running_cooperative_job_stops_it_within_one_heartbeat(make_queue, installed, capsys):
     seen: dict[str, Any] = {"started": threading.Event()}
 
@@ -244,7 +237,7 @@ def test_a_callback_that_swallows_the_abort_is_still_recorded_cancelled(make_que
     queue = make_queue(callbacks={"stubborn": stubborn}, heartbeat_interval=0)
     job = queue.publish("stubborn")
     worker = _run_in_thread(queue, job)
-    _wait(lambda: state_of(installed, job) == JobState.PROCESSING)
+    wait_until(lambda: state_of(installed, job) == JobState.PROCESSING, "the job is PROCESSING", 15.0)
     queue.cancel(job, "stop")
     worker.join(15)
     assert state_of(installed, job) == JobState.REDUNDANT
@@ -269,7 +262,7 @@ def test_the_automatic_heartbeat_hook_raises_the_abort_from_the_callbacks_statem
     try:
         job = queue.publish("db")
         worker = _run_in_thread(queue, job)
-        _wait(lambda: state_of(installed, job) == JobState.PROCESSING)
+        wait_until(lambda: state_of(installed, job) == JobState.PROCESSING, "the job is PROCESSING", 15.0)
         time.sleep(0.2)
         with app_engine.connect() as conn:  # another thread: never raises here
             conn.exec_driver_sql("SELECT 1")
@@ -478,7 +471,7 @@ def test_broker_mode_a_paused_jobs_message_comes_back_delayed_and_runs_after_res
     consumer = threading.Thread(target=consume, args=(queue, None, 0, [1, 2, 3], stop), daemon=True)
     consumer.start()
     try:
-        _wait(lambda: state_of(installed, job) == JobState.FINISHED, timeout=30)
+        wait_until(lambda: state_of(installed, job) == JobState.FINISHED, "the job is FINISHED", 30.0)
     finally:
         stop.requested = True
         consumer.join(15)

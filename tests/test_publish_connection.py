@@ -15,7 +15,7 @@ import pytest
 
 from bgq import ConnectionLostError, DatabaseError, OutcomeUnknownError, Queue
 from bgq.db import POOL_SIZE, alone
-from tests.support.helpers import background, count_rows, held_transaction
+from tests.support.helpers import background, count_rows, held_transaction, wait_until
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -48,16 +48,8 @@ def _sessions(installed: Any, dialect: str, session: int) -> int:
     return int(installed.sql(query, (session,))[0]["n"])
 
 
-def _wait_until(predicate: Any, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
-
-
 def _gone(installed: Any, dialect: str, session: int) -> None:
-    _wait_until(lambda: _sessions(installed, dialect, session) == 0, f"session {session} closed")
+    wait_until(lambda: _sessions(installed, dialect, session) == 0, f"session {session} closed")
 
 
 def test_publish_keeps_one_connection_for_its_inserts(dialect, installed, make_queue):
@@ -124,7 +116,7 @@ def test_a_connection_lost_while_the_insert_is_in_flight_raises_and_never_insert
     with held_transaction(installed) as holder, background() as run:
         _hold_table_lock(holder, dialect, installed.table)
         publishing = run(queue.publish, "noop", [1])
-        _wait_until(lambda: _insert_waits(installed, dialect, session), "the INSERT waits for the lock")
+        wait_until(lambda: _insert_waits(installed, dialect, session), "the INSERT waits for the lock")
         _kill(installed, dialect, session)
         with pytest.raises(OutcomeUnknownError) as caught:
             publishing.result(timeout=30)
@@ -151,11 +143,11 @@ def test_a_connection_lost_while_a_bulk_batch_is_in_flight_raises_at_end_bulk(di
         queue.start_bulk()
         for n in range(2):
             queue.publish("noop", [n])
-        _wait_until(lambda: count_rows(installed) == 3, "the first batch committed")
+        wait_until(lambda: count_rows(installed) == 3, "the first batch committed")
         _hold_table_lock(holder, dialect, installed.table)
         for n in range(2, 4):
             queue.publish("noop", [n])  # the second batch goes out, and waits for the lock
-        _wait_until(lambda: _insert_waits(installed, dialect, session), "the INSERT waits for the lock")
+        wait_until(lambda: _insert_waits(installed, dialect, session), "the INSERT waits for the lock")
         _kill(installed, dialect, session)
         with pytest.raises(OutcomeUnknownError):
             queue.end_bulk()

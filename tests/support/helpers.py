@@ -390,3 +390,13 @@ def fail_first_follow_up(queue: Any, monkeypatch: Any) -> list[int]:
 
     monkeypatch.setattr(queue.executor, "after_finish", failing_once)
     return calls
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 10.0, step: float = 0.02) -> None:
+    """Poll `predicate` until it is true; AssertionError naming `what` after `timeout` seconds. The
+    one wait-until helper of the suite: a test that waits for another process or the server."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(step)
