@@ -121,9 +121,16 @@ class RabbitCluster(Topology):
         self.pids.append(proc.pid)
 
     def _await(self, i: int) -> None:
+        """Until node `i` runs: its AMQP port, then `await_startup` (which fails at once while the
+        node has not registered with epmd yet, hence the retries)."""
         port = AMQP_PORT + i - 1
         wait_until(f"RabbitMQ node {self.node(i)}", lambda: port_open(port), START_S, step=0.5)
-        self.ctl(i, "await_startup", "--timeout", "60", timeout=90)
+        wait_until(
+            f"RabbitMQ node {self.node(i)} started",
+            lambda: bool(self.ctl(i, "await_startup", "--timeout", "30", timeout=45) or True),
+            START_S,
+            step=1.0,
+        )
 
     def running_nodes(self, i: int) -> list[str]:
         """The nodes node `i` sees running in its cluster."""
@@ -212,12 +219,24 @@ class RabbitCluster(Topology):
             raise RuntimeError("no live RabbitMQ node")
         victim = max(live, key=lambda i: (counts.get(i, 0), -i))
         proc = self.procs[victim]
-        os.kill(proc.pid, signal.SIGKILL)  # the rabbitmq-server script execs beam: the node itself
-        faults.add("mq_node_kill", proc.pid, f"{self.node(victim)} ({counts.get(victim, 0)} consumers)")
+        # rabbitmq-server (in the foreground) is a shell that runs the Erlang VM as its child, in
+        # the session start_new_session gave it: SIGKILL the VM and every helper of the session.
+        session = self._session(victim)
+        beam = next((p for p, name in session.items() if name.startswith("beam")), proc.pid)
+        for pid in sorted(session, key=lambda p: p != beam):  # the VM first
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
-        with contextlib.suppress(ChildProcessError):
+        faults.add("mq_node_kill", beam, f"{self.node(victim)} ({counts.get(victim, 0)} consumers)")
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)
-        self._kill_leftovers(victim)
+        port = AMQP_PORT + victim - 1
+        wait_until(
+            f"{self.node(victim)} gone",
+            lambda: not any(alive(p) for p in session) and not port_open(port),
+            30,
+            step=0.1,
+        )
         self.pids.remove(proc.pid)
         self._start_node(victim)
         self._await(victim)
@@ -229,21 +248,24 @@ class RabbitCluster(Topology):
         )
         faults.add("mq_node_kill_done", self.procs[victim].pid, self.node(victim))
         return (
-            f"SIGKILL {self.node(victim)} pid {proc.pid} ({counts.get(victim, 0)} of "
-            f"{sum(counts.values())} consumers); back in the cluster after {time.monotonic() - killed:.1f} s"
+            f"SIGKILL {self.node(victim)} (beam pid {beam}, {counts.get(victim, 0)} of "
+            f"{sum(counts.values())} consumers on it); back in the cluster after "
+            f"{time.monotonic() - killed:.1f} s"
         )
 
-    def _kill_leftovers(self, i: int) -> None:
-        """A killed node's helpers (erl_child_setup, inet_gethost) die with beam; any left in its
-        session is ended here, by pid (the session is the node's own: start_new_session)."""
+    def _session(self, i: int) -> dict[int, str]:
+        """pid -> command name of node `i`'s session (its rabbitmq-server script, the VM, the
+        VM's helpers)."""
         sid = self.procs[i].pid
+        out = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             with contextlib.suppress(OSError, ValueError, IndexError):
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
                 if int(fields[3]) == sid:  # field 6 of stat: the session id
-                    os.kill(int(entry.name), signal.SIGKILL)
+                    out[int(entry.name)] = (entry / "comm").read_text().strip()
+        return out
 
     def heal(self) -> None:
         for i in range(1, NODES + 1):
