@@ -45,6 +45,9 @@ _CONNECTION_DEFAULTS: dict[str, Any] = {
 # A lost connection or channel: worth one reconnect.
 _LOST = (pe.AMQPConnectionError, pe.ChannelClosed, pe.ChannelWrongStateError, OSError)
 
+#: publish(): the pause before the one retry of a message the broker nacked.
+NACK_PAUSE_SECONDS = 1.0
+
 #: take_batch(): a subscription that delivered nothing for this long has given what it will give.
 GAP_SECONDS = 0.02
 
@@ -296,10 +299,12 @@ class RabbitMQ:
     name contains `needle`.
 
     Failure handling of publish(): a lost connection or channel is closed, reconnected and the publish
-    retried once, then BrokerConnectionError. An unroutable message (its queue was deleted behind the
+    retried once (on the next node of a cluster), then BrokerConnectionError. A nack is retried
+    once after NACK_PAUSE_SECONDS (a quorum queue electing a new leader), then BrokerError. An
+    unroutable message (its queue was deleted behind the
     declaration cache, e.g. by an admin or a broker reset) empties the cache, re-declares and retries
-    once, then BrokerError. A nack, or no confirm within `confirm_timeout` seconds, is a BrokerError
-    at once (the connection is replaced after a timeout). A retry after an unconfirmed attempt may
+    once, then BrokerError. No confirm within `confirm_timeout` seconds is a BrokerError at once
+    (the connection is replaced, on the next node). A retry after an unconfirmed attempt may
     deliver an id twice; bgq's claim is exactly-once, so that is harmless.
 
     One instance may be shared by threads (publish is serialised by a lock); a forked child opens its
@@ -383,7 +388,7 @@ class RabbitMQ:
     def _send(self, qp: str, routing_key: str, body: str, delay_ms: int | None) -> None:
         with self._lock:
             failure: BrokerError | None = None
-            for _attempt in range(2):
+            for attempt in range(2):
                 try:
                     channel = self._ensure_channel()
                     self._topology.ensure(channel, qp, delay_ms)
@@ -397,9 +402,15 @@ class RabbitMQ:
                         f"within {self._confirm_timeout:g} s."
                     ) from None
                 except pe.NackError:
-                    raise BrokerError(
-                        f"RabbitMQ refused message {body!r} to {routing_key!r} (basic.nack)."
-                    ) from None
+                    # A quorum queue whose leader just died nacks what it had not committed yet;
+                    # its new leader is elected within about a second. One more try after a
+                    # pause (a full queue with reject-publish nacks again, and that is final).
+                    failure = BrokerError(
+                        f"RabbitMQ refused message {body!r} to {routing_key!r} (basic.nack, twice "
+                        f"{NACK_PAUSE_SECONDS:g} s apart)."
+                    )
+                    if attempt == 0:
+                        time.sleep(NACK_PAUSE_SECONDS)
                 except pe.UnroutableError as exc:
                     returned = exc.messages[0].method if exc.messages else None
                     detail = f"{returned.reply_code} {returned.reply_text}" if returned else "returned"
