@@ -8,6 +8,7 @@ under load, are tools/scale/rabbitmq.py's (`python -m tools.scale --topology rab
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -170,7 +171,10 @@ def _kill_socket(connection) -> None:  # as tests/broker/test_rabbitmq.py does: 
     connection._impl._transport._sock.shutdown(socket.SHUT_RDWR)
 
 
-def test_a_lost_connection_moves_the_producer_and_the_consumer_to_the_next_url(rabbit: Rabbit) -> None:
+def test_a_lost_connection_moves_the_producer_and_the_consumer_to_the_next_url(
+    rabbit: Rabbit, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="bgq.broker")
     urls = [AMQP_URL, _alias(AMQP_URL)]
     broker, q = rabbit.broker(urls, url_order="given"), rabbit.name()
     broker.publish(1, q, 1)
@@ -187,6 +191,10 @@ def test_a_lost_connection_moves_the_producer_and_the_consumer_to_the_next_url(r
     assert second is not None and consumer.url == urls[1]
     second.ack()
     assert sorted([first.body, second.body]) == ["1", "2"]
+    moves = [r.getMessage() for r in caplog.records if "reconnected to" in r.getMessage()]
+    assert len(moves) == 2  # one warning line per move, naming both nodes
+    assert all(m.startswith("bgq: Lost the RabbitMQ connection to amqp://guest:***@") for m in moves)
+    assert all(m.endswith("reconnected to amqp://guest:***@localhost:5672/.") for m in moves)
 
 
 # --- quorum queues ---

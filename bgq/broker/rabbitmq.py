@@ -8,6 +8,7 @@ the next node first (see _Nodes).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import re
@@ -25,6 +26,8 @@ from ..errors import ConfigError
 from . import CONTROL_PRIORITY, DIE, BrokerConnectionError, BrokerError, queue_with_priority
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+log = logging.getLogger("bgq.broker")
 
 # Connection settings used unless the URL's query string sets them ('?heartbeat=30&socket_timeout=3').
 # heartbeat=0: pika's BlockingConnection answers heartbeats only while the application is inside a
@@ -107,6 +110,7 @@ class _Nodes:
         self._next: int | None = None  # the index tried first by the next connect()
         self._pid = 0
         self.current: int | None = None  # the index of the last connection's node
+        self._lost: tuple[str, str] | None = None  # (URL, why) of the last connection lost
 
     @property
     def url(self) -> str:
@@ -133,17 +137,27 @@ class _Nodes:
                 errors.append(f"{redact(self.urls[index])} ({exc!r})")
                 continue
             self.current = self._next = index
+            if self._lost is not None:
+                lost_url, why = self._lost
+                self._lost = None
+                log.warning(
+                    f"bgq: Lost the RabbitMQ connection to {redact(lost_url)} ({why}); "
+                    f"reconnected to {redact(self.urls[index])}."
+                )
             return connection
         self.current = None
+        self._lost = None  # the caller reports the error below
         if len(errors) == 1:
             raise BrokerConnectionError(f"RabbitMQ is not reachable at {errors[0]}")
         raise BrokerConnectionError(
             f"RabbitMQ is not reachable at any of its {len(errors)} nodes: " + ", ".join(errors)
         )
 
-    def lost(self) -> None:
-        """The connection in use was lost: the next connect() tries the next node first."""
+    def lost(self, why: str = "") -> None:
+        """The connection in use was lost (`why`): the next connect() tries the next node first,
+        and logs a warning naming both once it connected."""
         if self.current is not None:
+            self._lost = (self.urls[self.current], why)
             self._next = (self.current + 1) % len(self.urls)
             self.current = None
 
@@ -395,7 +409,7 @@ class RabbitMQ:
                     self._publish_confirmed(channel, qp, routing_key, body)
                     return
                 except _ConfirmTimeout:  # e.g. a node cut off from its cluster's majority
-                    self._nodes.lost()
+                    self._nodes.lost(f"no confirm within {self._confirm_timeout:g} s")
                     self._drop()
                     raise BrokerError(
                         f"RabbitMQ did not confirm message {body!r} to {routing_key!r} "
@@ -429,7 +443,7 @@ class RabbitMQ:
                     failure = BrokerConnectionError(
                         f"RabbitMQ at {redact(self.url)} is not reachable: {exc!r}"
                     )
-                    self._nodes.lost()
+                    self._nodes.lost(repr(exc))
                     self._drop()
                     self._topology.forget()
                 except pe.AMQPError as exc:  # a protocol error: the connection is not to be trusted
@@ -680,7 +694,7 @@ class RabbitConsumer:
                     if self._connection is not None
                     else f"RabbitMQ at {redact(self.url)} is not reachable: {exc!r}"
                 )
-                self._nodes.lost()
+                self._nodes.lost(repr(exc))
                 self._reset()
             except pe.AMQPError as exc:  # a protocol error: the connection is not to be trusted
                 self._reset()
