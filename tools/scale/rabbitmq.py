@@ -129,7 +129,7 @@ class RabbitCluster(Topology):
             f"RabbitMQ node {self.node(i)} started",
             lambda: bool(self.ctl(i, "await_startup", "--timeout", "30", timeout=45) or True),
             START_S,
-            step=1.0,
+            step=2.0,
         )
 
     def running_nodes(self, i: int) -> list[str]:
@@ -240,11 +240,12 @@ class RabbitCluster(Topology):
         self.pids.remove(proc.pid)
         self._start_node(victim)
         self._await(victim)
+        # each rabbitmqctl call boots an Erlang VM (a second of CPU on a 2-core machine): poll slowly
         wait_until(
             f"{self.node(victim)} back in the cluster",
             lambda: len(self.running_nodes(victim)) == NODES,
             60,
-            step=0.5,
+            step=2.0,
         )
         faults.add("mq_node_kill_done", self.procs[victim].pid, self.node(victim))
         return (
