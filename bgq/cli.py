@@ -785,7 +785,8 @@ def demo(
         str | None,
         typer.Option(
             "--broker",
-            help="Run through RabbitMQ with two consumers, e.g. amqp://guest:guest@127.0.0.1:5672/",
+            help="Run through RabbitMQ with two consumers, e.g. amqp://guest:guest@127.0.0.1:5672/ "
+            "(a cluster: its nodes' URLs separated by spaces).",
         ),
     ] = None,
 ) -> None:

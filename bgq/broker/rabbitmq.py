@@ -1,9 +1,17 @@
-"""The RabbitMQ broker (pika BlockingConnection): confirmed publishes of ids, taken singly or in batches."""
+"""The RabbitMQ broker (pika BlockingConnection): confirmed publishes of ids, taken singly or in batches.
+
+One server or a cluster: `RabbitMQ(url)` or `RabbitMQ([url1, url2, url3])` (or one string of URLs
+separated by spaces). Each connection goes to one node; when it is lost, the next connection tries
+the next node first (see _Nodes).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import random
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -18,6 +26,8 @@ from ..errors import ConfigError
 from . import CONTROL_PRIORITY, DIE, BrokerConnectionError, BrokerError, queue_with_priority
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+log = logging.getLogger("bgq.broker")
 
 # Connection settings used unless the URL's query string sets them ('?heartbeat=30&socket_timeout=3').
 # heartbeat=0: pika's BlockingConnection answers heartbeats only while the application is inside a
@@ -38,6 +48,9 @@ _CONNECTION_DEFAULTS: dict[str, Any] = {
 # A lost connection or channel: worth one reconnect.
 _LOST = (pe.AMQPConnectionError, pe.ChannelClosed, pe.ChannelWrongStateError, OSError)
 
+#: publish(): the pause before the one retry of a message the broker nacked.
+NACK_PAUSE_SECONDS = 1.0
+
 #: take_batch(): a subscription that delivered nothing for this long has given what it will give.
 GAP_SECONDS = 0.02
 
@@ -51,6 +64,142 @@ def redact(url: str) -> str:
         return url
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def parse_urls(url_or_urls: str | Sequence[str]) -> list[str]:
+    """The AMQP URLs of `url_or_urls`: one URL, several in one string separated by whitespace (a URL
+    has no whitespace), or a sequence of them; in the order given, duplicates dropped. ConfigError
+    when there is none or one is not an amqp:// or amqps:// URL."""
+    items = [url_or_urls] if isinstance(url_or_urls, str) else list(url_or_urls)
+    urls: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigError(f"A RabbitMQ URL must be a str, not {type(item).__name__}: {item!r}")
+        urls += item.split()
+    if not urls:
+        raise ConfigError("No RabbitMQ URL given (an empty string or list).")
+    for url in urls:
+        if urlsplit(url).scheme not in ("amqp", "amqps"):
+            raise ConfigError(f"Invalid RabbitMQ URL {redact(url)}: it must start with amqp:// or amqps://")
+    return list(dict.fromkeys(urls))
+
+
+#: The orders in which a process tries the nodes of a URL list (RabbitMQ(url_order=...)).
+URL_ORDERS = ("random", "given")
+
+
+class _Nodes:
+    """The nodes one connection user (the producer, or one consumer) may connect to, and the order
+    in which it tries them.
+
+    The first node tried is the one the last connection used, or after that connection was lost,
+    the next one in the list; then the others in list order, cyclically. A connection that was
+    lost is most often a node that died, whose port refuses at once or whose connect times out
+    (socket_timeout): starting from the next node costs nothing when the old one is back.
+
+    Where a process starts: url_order="random" (the default) picks the first node at random, once
+    per process (a forked child picks its own), so that a fleet of consumers spreads over the
+    cluster's nodes and a node that dies takes only its share of them; "given" starts every process
+    at the first URL (e.g. a preferred node, with the others as stand-bys).
+    """
+
+    def __init__(self, urls: Sequence[str], connection_name: str, order: str) -> None:
+        self.urls = list(urls)
+        self.parameters = [connection_parameters(url, connection_name) for url in self.urls]
+        self.order = order
+        self._next: int | None = None  # the index tried first by the next connect()
+        self._pid = 0
+        self.current: int | None = None  # the index of the last connection's node
+        self._lost: tuple[str, str] | None = None  # (URL, why) of the last connection lost
+
+    @property
+    def url(self) -> str:
+        """The URL of the node in use (or tried first next)."""
+        return self.urls[self.current if self.current is not None else (self._next or 0)]
+
+    def attempt_order(self) -> list[int]:
+        """The indexes of the URLs in the order the next connect() tries them."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self.current = None
+            self._next = random.randrange(len(self.urls)) if self.order == "random" else 0
+        start = self._next or 0
+        return [(start + i) % len(self.urls) for i in range(len(self.urls))]
+
+    def connect(self) -> BlockingConnection:
+        """A connection to the first node that accepts one, in attempt_order(); when none does,
+        BrokerConnectionError naming each node and why."""
+        errors: list[str] = []
+        for index in self.attempt_order():
+            try:
+                connection = pika.BlockingConnection(self.parameters[index])
+            except (pe.AMQPError, OSError) as exc:  # its str() is often empty; the repr names it
+                errors.append(f"{redact(self.urls[index])} ({exc!r})")
+                continue
+            self.current = self._next = index
+            if self._lost is not None:
+                lost_url, why = self._lost
+                self._lost = None
+                log.warning(
+                    f"bgq: Lost the RabbitMQ connection to {redact(lost_url)} ({why}); "
+                    f"reconnected to {redact(self.urls[index])}."
+                )
+            return connection
+        self.current = None
+        self._lost = None  # the caller reports the error below
+        if len(errors) == 1:
+            raise BrokerConnectionError(f"RabbitMQ is not reachable at {errors[0]}")
+        raise BrokerConnectionError(
+            f"RabbitMQ is not reachable at any of its {len(errors)} nodes: " + ", ".join(errors)
+        )
+
+    def lost(self, why: str = "") -> None:
+        """The connection in use was lost (`why`): the next connect() tries the next node first,
+        and logs a warning naming both once it connected."""
+        if self.current is not None:
+            self._lost = (self.urls[self.current], why)
+            self._next = (self.current + 1) % len(self.urls)
+            self.current = None
+
+
+#: Arguments a quorum queue refuses (406 PRECONDITION_FAILED - invalid arg ...), and why.
+_QUORUM_REFUSES = {
+    "x-max-priority": "quorum queues have no message priorities (bgq uses one queue per priority instead)",
+    "x-queue-mode": "quorum queues have no lazy mode (they keep messages on disk anyway)",
+    "x-queue-master-locator": "use x-queue-leader-locator",
+    "x-queue-version": "a classic queue setting",
+    "x-max-age": "a stream setting",
+}
+
+
+def _check_quorum(arguments: Mapping[str, Any], where: str) -> None:
+    if arguments.get("x-queue-type") != "quorum":
+        return
+    for key, why in _QUORUM_REFUSES.items():
+        if key in arguments:
+            raise ConfigError(f"{where} sets {key!r}, which a quorum queue refuses: {why}.")
+
+
+_QUEUE_IN_REPLY = re.compile(r"for queue '([^']*)'")
+
+
+def refusal(reply_code: int, reply_text: str) -> str:
+    """The broker's refusal of a declaration, with what to do about it when it is a known one."""
+    text = f"{reply_code} {reply_text}"
+    found = _QUEUE_IN_REPLY.search(reply_text)
+    name = found.group(1) if found else "<queue>"
+    if reply_code == 406 and "inequivalent arg 'x-queue-type'" in reply_text:
+        return (
+            f"{text}. The queue {name!r} exists with another type than bgq declares (a queue's type "
+            f"never changes): drain it, delete it (rabbitmqctl delete_queue {name}) and let bgq "
+            "declare it again, or configure bgq with the queue's type (queue_type=...)."
+        )
+    if reply_code == 406 and "inequivalent arg" in reply_text:
+        return (
+            f"{text}. The queue {name!r} exists with other arguments than bgq declares: drain it and "
+            f"delete it (rabbitmqctl delete_queue {name}), or configure the arguments it has."
+        )
+    return text
 
 
 def connection_parameters(url: str, connection_name: str) -> pika.URLParameters:
@@ -76,16 +225,28 @@ class _Topology:
     """Declares exchanges and queues with the configured arguments, once per name (a cache)."""
 
     def __init__(
-        self, queue_arguments: Mapping[str, Any], per_queue_arguments: Mapping[str, Mapping[str, Any]]
+        self,
+        queue_arguments: Mapping[str, Any],
+        per_queue_arguments: Mapping[str, Mapping[str, Any]],
+        *,
+        delay_at_least_once: bool = False,
     ) -> None:
         self.queue_arguments = dict(queue_arguments)
         self.per_queue_arguments = {needle: dict(args) for needle, args in per_queue_arguments.items()}
+        # Quorum delay queues dead-letter at-least-once (the expired message stays in the delay
+        # queue until its target queue confirmed it), instead of RabbitMQ's at-most-once default.
+        self.delay_at_least_once = delay_at_least_once
         self.declared: set[str] = set()
         self.quorum: dict[str, bool] = {}
+        _check_quorum(self.queue_arguments, "queue_arguments")
+        for needle, extra in self.per_queue_arguments.items():
+            _check_quorum({**self.queue_arguments, **extra}, f"per_queue_arguments[{needle!r}]")
 
     def copy(self) -> _Topology:
         """The same arguments with an empty cache (each connection user keeps its own)."""
-        return _Topology(self.queue_arguments, self.per_queue_arguments)
+        return _Topology(
+            self.queue_arguments, self.per_queue_arguments, delay_at_least_once=self.delay_at_least_once
+        )
 
     def is_quorum(self, name: str) -> bool:
         """Whether queue `name` is declared as a quorum queue (cached: the arguments never change)."""
@@ -114,6 +275,10 @@ class _Topology:
                 arguments.update(
                     {"x-dead-letter-exchange": qp, "x-dead-letter-routing-key": qp, "x-message-ttl": delay_ms}
                 )
+                if self.delay_at_least_once and arguments.get("x-queue-type") == "quorum":
+                    # at-least-once dead-lettering needs x-overflow reject-publish (RabbitMQ 3.10+)
+                    arguments.setdefault("x-dead-letter-strategy", "at-least-once")
+                    arguments.setdefault("x-overflow", "reject-publish")
                 self._queue(channel, delay_queue, qp, arguments)
                 self.declared.add(delay_queue)
 
@@ -136,18 +301,24 @@ def _close_quietly(resource: BlockingConnection | BlockingChannel | None) -> Non
 
 
 class RabbitMQ:
-    """Producer and consumer factory on one RabbitMQ server (a bgq Broker).
+    """Producer and consumer factory on one RabbitMQ server or cluster (a bgq Broker).
 
-    Every queue and exchange is durable; a message is persistent, published mandatory on a channel in
-    confirm mode, so publish() returns only once the broker stored it in a queue. `queue_arguments`
-    apply to every queue, `per_queue_arguments[needle]` to every queue whose name contains `needle`.
-    Recommended: `queue_arguments={"x-queue-type": "quorum"}` (replicated queues).
+    `url`: one AMQP URL, or the URLs of a cluster's nodes (a sequence, or one string of URLs
+    separated by spaces); each connection uses one node and moves to another when it is lost (the
+    order: `url_order`, see _Nodes). Every queue and exchange is durable; a message is persistent,
+    published mandatory on a channel in confirm mode, so publish() returns only once the broker
+    stored it in a queue. `queue_type="quorum"` makes every queue bgq declares a quorum queue (the
+    priority, control and delay queues; delay queues then dead-letter at-least-once);
+    `queue_arguments` apply to every queue, `per_queue_arguments[needle]` to every queue whose
+    name contains `needle`.
 
     Failure handling of publish(): a lost connection or channel is closed, reconnected and the publish
-    retried once, then BrokerConnectionError. An unroutable message (its queue was deleted behind the
+    retried once (on the next node of a cluster), then BrokerConnectionError. A nack is retried
+    once after NACK_PAUSE_SECONDS (a quorum queue electing a new leader), then BrokerError. An
+    unroutable message (its queue was deleted behind the
     declaration cache, e.g. by an admin or a broker reset) empties the cache, re-declares and retries
-    once, then BrokerError. A nack, or no confirm within `confirm_timeout` seconds, is a BrokerError
-    at once (the connection is replaced after a timeout). A retry after an unconfirmed attempt may
+    once, then BrokerError. No confirm within `confirm_timeout` seconds is a BrokerError at once
+    (the connection is replaced, on the next node). A retry after an unconfirmed attempt may
     deliver an id twice; bgq's claim is exactly-once, so that is harmless.
 
     One instance may be shared by threads (publish is serialised by a lock); a forked child opens its
@@ -156,11 +327,13 @@ class RabbitMQ:
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] = DEFAULT_URL,
         *,
+        queue_type: str | None = None,
         queue_arguments: dict[str, Any] | None = None,
         per_queue_arguments: dict[str, dict[str, Any]] | None = None,
         confirm_timeout: float = 10.0,
+        url_order: str = "random",
     ) -> None:
         if isinstance(confirm_timeout, bool) or not (
             isinstance(confirm_timeout, int | float) and confirm_timeout > 0
@@ -168,17 +341,39 @@ class RabbitMQ:
             raise ConfigError(
                 f"confirm_timeout must be a positive number of seconds, not {confirm_timeout!r}"
             )
-        self.url = url
-        self._parameters = connection_parameters(url, "bgq producer")
-        self._topology = _Topology(queue_arguments or {}, per_queue_arguments or {})
+        if queue_type not in (None, "classic", "quorum"):
+            raise ConfigError(f"queue_type must be 'quorum', 'classic' or None, not {queue_type!r}")
+        if url_order not in URL_ORDERS:
+            raise ConfigError(f"url_order must be one of {', '.join(URL_ORDERS)}, not {url_order!r}")
+        self.urls = parse_urls(url)
+        self.url_order = url_order
+        self._nodes = _Nodes(self.urls, "bgq producer", url_order)
+        arguments = dict(queue_arguments or {})
+        if queue_type is not None:
+            given = arguments.get("x-queue-type", queue_type)
+            if given != queue_type:
+                raise ConfigError(
+                    f"queue_type={queue_type!r} contradicts queue_arguments x-queue-type={given!r}"
+                )
+            arguments["x-queue-type"] = queue_type
+        self.queue_type = queue_type
+        self._topology = _Topology(
+            arguments, per_queue_arguments or {}, delay_at_least_once=queue_type == "quorum"
+        )
         self._confirm_timeout = float(confirm_timeout)
         self._connection: BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
         self._pid = os.getpid()
         self._lock = threading.Lock()
 
+    @property
+    def url(self) -> str:
+        """The URL of the node the producer uses (or tries first)."""
+        return self._nodes.url
+
     def __repr__(self) -> str:
-        return f"RabbitMQ({redact(self.url)!r})"
+        shown = [redact(u) for u in self.urls]
+        return f"RabbitMQ({shown[0]!r})" if len(shown) == 1 else f"RabbitMQ({shown!r})"
 
     # --- Producer ---
 
@@ -200,29 +395,36 @@ class RabbitMQ:
             self._drop()
 
     def consumer(self) -> RabbitConsumer:
-        return RabbitConsumer(self.url, self._topology.copy())
+        return RabbitConsumer(self.urls, self._topology.copy(), url_order=self.url_order)
 
     # --- internals ---
 
     def _send(self, qp: str, routing_key: str, body: str, delay_ms: int | None) -> None:
         with self._lock:
             failure: BrokerError | None = None
-            for _attempt in range(2):
+            for attempt in range(2):
                 try:
                     channel = self._ensure_channel()
                     self._topology.ensure(channel, qp, delay_ms)
                     self._publish_confirmed(channel, qp, routing_key, body)
                     return
-                except _ConfirmTimeout:
+                except _ConfirmTimeout:  # e.g. a node cut off from its cluster's majority
+                    self._nodes.lost(f"no confirm within {self._confirm_timeout:g} s")
                     self._drop()
                     raise BrokerError(
                         f"RabbitMQ did not confirm message {body!r} to {routing_key!r} "
                         f"within {self._confirm_timeout:g} s."
                     ) from None
                 except pe.NackError:
-                    raise BrokerError(
-                        f"RabbitMQ refused message {body!r} to {routing_key!r} (basic.nack)."
-                    ) from None
+                    # A quorum queue whose leader just died nacks what it had not committed yet;
+                    # its new leader is elected within about a second. One more try after a
+                    # pause (a full queue with reject-publish nacks again, and that is final).
+                    failure = BrokerError(
+                        f"RabbitMQ refused message {body!r} to {routing_key!r} (basic.nack, twice "
+                        f"{NACK_PAUSE_SECONDS:g} s apart)."
+                    )
+                    if attempt == 0:
+                        time.sleep(NACK_PAUSE_SECONDS)
                 except pe.UnroutableError as exc:
                     returned = exc.messages[0].method if exc.messages else None
                     detail = f"{returned.reply_code} {returned.reply_text}" if returned else "returned"
@@ -233,7 +435,7 @@ class RabbitMQ:
                 except pe.ChannelClosedByBroker as exc:
                     failure = BrokerError(
                         f"RabbitMQ closed the channel while publishing to {routing_key!r}: "
-                        f"{exc.reply_code} {exc.reply_text}"
+                        f"{refusal(exc.reply_code, exc.reply_text)}"
                     )
                     self._channel = None
                     self._topology.forget()
@@ -241,6 +443,7 @@ class RabbitMQ:
                     failure = BrokerConnectionError(
                         f"RabbitMQ at {redact(self.url)} is not reachable: {exc!r}"
                     )
+                    self._nodes.lost(repr(exc))
                     self._drop()
                     self._topology.forget()
                 except pe.AMQPError as exc:  # a protocol error: the connection is not to be trusted
@@ -256,7 +459,7 @@ class RabbitMQ:
             self._connection, self._channel, self._pid = None, None, os.getpid()
         if self._connection is None or not self._connection.is_open:
             self._drop()
-            self._connection = pika.BlockingConnection(self._parameters)
+            self._connection = self._nodes.connect()
         if self._channel is None or not self._channel.is_open:
             self._channel = self._connection.channel()
             self._channel.confirm_delivery()
@@ -412,9 +615,9 @@ class RabbitConsumer:
     handed out.
     """
 
-    def __init__(self, url: str, topology: _Topology) -> None:
-        self.url = url
-        self._parameters = connection_parameters(url, "bgq consumer")
+    def __init__(self, url: str | Sequence[str], topology: _Topology, *, url_order: str = "random") -> None:
+        self.urls = parse_urls(url)
+        self._nodes = _Nodes(self.urls, "bgq consumer", url_order)
         self._topology = topology
         self._connection: BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
@@ -422,6 +625,11 @@ class RabbitConsumer:
         self._waiting: set[str] = set()  # queues whose last basic.get-ok counted more messages
         self._prefetch = 0  # the channel's basic.qos prefetch_count (0: not set yet)
         self._pid = os.getpid()
+
+    @property
+    def url(self) -> str:
+        """The URL of the node the consumer uses (or tries first)."""
+        return self._nodes.url
 
     def __repr__(self) -> str:
         return f"RabbitConsumer({redact(self.url)!r})"
@@ -475,7 +683,7 @@ class RabbitConsumer:
                 break
             except pe.ChannelClosedByBroker as exc:
                 failure = BrokerError(
-                    f"RabbitMQ refused to consume {names}: {exc.reply_code} {exc.reply_text}"
+                    f"RabbitMQ refused to consume {names}: {refusal(exc.reply_code, exc.reply_text)}"
                 )
                 self._topology.forget()
                 self._drop_channel()
@@ -486,6 +694,7 @@ class RabbitConsumer:
                     if self._connection is not None
                     else f"RabbitMQ at {redact(self.url)} is not reachable: {exc!r}"
                 )
+                self._nodes.lost(repr(exc))
                 self._reset()
             except pe.AMQPError as exc:  # a protocol error: the connection is not to be trusted
                 self._reset()
@@ -630,7 +839,7 @@ class RabbitConsumer:
         # meanwhile, pika may only notice at the first I/O, which take()'s retry covers.
         if self._connection is None or not self._connection.is_open:
             self._reset()
-            self._connection = pika.BlockingConnection(self._parameters)
+            self._connection = self._nodes.connect()
         if self._channel is None or not self._channel.is_open:
             self._channel = self._connection.channel()
             self._prefetch = 0

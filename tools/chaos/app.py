@@ -8,7 +8,8 @@ Configured by environment variables the harness sets for each run:
   BGQ_CHAOS_STALLED  stalled_job_timeout in seconds (default 8)
   BGQ_CHAOS_LOST     lost_message_timeout in seconds (broker mode)
   BGQ_CHAOS_BACKOFF  stalled_job_backoff in seconds (default 0: a reaped job may run again at once)
-  BGQ_CHAOS_AMQP     if set, broker mode on this AMQP URL
+  BGQ_CHAOS_AMQP     if set, broker mode on this AMQP URL (a cluster: several, separated by spaces)
+  BGQ_CHAOS_QUEUE_TYPE  broker mode: "quorum" declares every queue a quorum queue (default: classic)
 
 The one callback, `chaos(token, group, sleep_ms)`, appends `token start pid monotonic_ns wall` to its
 process's ledger file, sleeps, and appends the same line with `end`. Each line is one write(2) on an
@@ -57,7 +58,7 @@ def queue() -> Queue:
     if amqp:
         from bgq.broker.rabbitmq import RabbitMQ
 
-        producer = RabbitMQ(amqp)
+        producer = RabbitMQ(amqp, queue_type=os.environ.get("BGQ_CHAOS_QUEUE_TYPE") or None)
     return Queue(
         callbacks={"chaos": chaos},
         database_url=os.environ["BGQ_CHAOS_URL"],

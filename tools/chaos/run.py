@@ -76,6 +76,10 @@ LOG_NOTES = (
     ("Unexpected state", "Unexpected state"),
     ("reaped messages", "Stalled job reaped"),
     ("lock wait timeout", "Lock wait timeout"),
+    # broker mode: ids the lost-message pass of `bgq process` had to send again (bgq/cron.py), and
+    # consumers that lost their broker connection (bgq/consumer.py)
+    ("republished lost messages", "Lost broker message republished"),
+    ("broker reconnects", "The broker connection failed"),
 )
 
 
