@@ -107,28 +107,27 @@ def table_exists(db: Database, conn: Connection, table: str) -> bool:
 def install_lock(db: Database, table: str, wait: float = LOCK_WAIT) -> Iterator[None]:
     """Only one `install-procs` at a time per table and database.
 
-    The lock is a session lock (MySQL DDL commits implicitly, so no transaction can span a
-    migration): it lives on a connection of its own, in autocommit mode (never idle inside a
-    transaction, which the server would cut after `lock_timeout`), and is released at the end.
-    If the release fails, the connection is invalidated: closing the session frees the lock, so
-    a pooled connection can never keep it. Raises LockTimeoutError after `wait` seconds."""
+    PostgreSQL: the whole install runs in one transaction (its DDL is transactional), every step
+    a savepoint of it (Database.one_transaction), and the lock is pg_advisory_xact_lock's: the
+    COMMIT or ROLLBACK ends it, so no session ever keeps it, a pooled one (PgBouncer) included.
+
+    MySQL (whose DDL commits implicitly, so no transaction can span a migration): a session lock
+    on a connection of its own, in autocommit mode (never idle inside a transaction, which the
+    server would cut after `lock_timeout`), released at the end. If the release fails, the
+    connection is invalidated: closing the session frees the lock, so a pooled connection can
+    never keep it. Raises LockTimeoutError after `wait` seconds."""
     take, release = db.dialect.install_lock_sql()
+    if db.dialect.install_lock_in_transaction:
+        with db.one_transaction() as conn:
+            _wait_for_lock(db, conn, take, table, wait)
+            yield
+        return
     try:
         conn = db.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     except sa.exc.DBAPIError as exc:
         raise db.translate(exc) from exc
     try:
-        deadline, warned = time.monotonic() + wait, False
-        while not _scalar(db, conn, take, table):
-            if time.monotonic() >= deadline:
-                raise LockTimeoutError(
-                    f"Another `bgq install-procs` is running on table {table!r} ({db.safe_url}): "
-                    f"waited {wait:g} s for it."
-                )
-            if not warned:
-                db.log.warning(f"bgq: another install-procs is running on table {table!r}; waiting for it.")
-                warned = True
-            time.sleep(0.2)
+        _wait_for_lock(db, conn, take, table, wait)
         try:
             yield
         finally:
@@ -139,6 +138,20 @@ def install_lock(db: Database, table: str, wait: float = LOCK_WAIT) -> Iterator[
                 raise
     finally:
         conn.close()
+
+
+def _wait_for_lock(db: Database, conn: Connection, take: str, table: str, wait: float) -> None:
+    deadline, warned = time.monotonic() + wait, False
+    while not _scalar(db, conn, take, table):
+        if time.monotonic() >= deadline:
+            raise LockTimeoutError(
+                f"Another `bgq install-procs` is running on table {table!r} ({db.safe_url}): "
+                f"waited {wait:g} s for it."
+            )
+        if not warned:
+            db.log.warning(f"bgq: another install-procs is running on table {table!r}; waiting for it.")
+            warned = True
+        time.sleep(0.2)
 
 
 def _scalar(db: Database, conn: Connection, sql: str, table: str) -> object:

@@ -60,6 +60,10 @@ class Dialect(Protocol):
         """Statements run on each new connection of bgq's engine: lock waits end after `seconds`,
         and the server cuts a session left idle inside a transaction for `seconds`."""
 
+    def transaction_sql(self, seconds: int) -> str:
+        """One statement that sets session_sql's bounds for the current transaction only
+        (PostgreSQL's pooled mode, bgq/db/__init__.py)."""
+
     def table_exists_sql(self) -> str:
         """A COUNT of the tables named %s in the current database (MySQL) or schema (PostgreSQL)."""
 
@@ -79,6 +83,11 @@ class Dialect(Protocol):
         """Whether a kept autocommit connection is open and outside any transaction (anything
         else, after an error, means it is broken)."""
 
+    #: Whether install_lock_sql's lock belongs to a transaction (the whole install runs in one,
+    #: Database.one_transaction) rather than to a session.
+    install_lock_in_transaction: bool
+
     def install_lock_sql(self) -> tuple[str, str]:
-        """(take the install lock of the table named %s without waiting: true if taken, release it):
-        a session lock, so that two `bgq install-procs` on one table never interleave."""
+        """(take the install lock of the table named %s without waiting: true if taken, release it
+        or "" when the transaction's end releases it), so that two `bgq install-procs` on one
+        table never interleave."""

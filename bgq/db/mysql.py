@@ -176,6 +176,12 @@ class MySQLDialect:
             " WHERE table_schema = DATABASE() AND table_name = %s"
         )
 
+    #: GET_LOCK is a session lock: MySQL DDL commits implicitly, no transaction spans an install.
+    install_lock_in_transaction = False
+
+    def transaction_sql(self, seconds: int) -> str:
+        raise NotImplementedError("bgq has no pooled mode on MySQL")
+
     def install_lock_sql(self) -> tuple[str, str]:
         """GET_LOCK is server-wide, so the name carries the database; a name is at most 64
         characters, hence the hash (a collision only makes two installs wait for each other)."""

@@ -127,6 +127,15 @@ class PostgresDialect:
         ms = int(seconds) * 1000
         return [f"SET lock_timeout = {ms}", f"SET idle_in_transaction_session_timeout = {ms}"]
 
+    def transaction_sql(self, seconds: int) -> str:
+        """session_sql's bounds for the current transaction only (set_config(..., true) is SET
+        LOCAL), in one statement: what a transaction pooler's server connection may carry."""
+        ms = int(seconds) * 1000
+        return (
+            f"SELECT set_config('lock_timeout', '{ms}', true),"
+            f" set_config('idle_in_transaction_session_timeout', '{ms}', true)"
+        )
+
     def keep_autocommit(self, dbapi_connection: Any) -> int:
         dbapi_connection.rollback()  # the pool hands connections over idle: make sure of it
         dbapi_connection.autocommit = True
@@ -178,11 +187,16 @@ class PostgresDialect:
             " WHERE schemaname = current_schema() AND tablename = lower(%s)"
         )
 
+    #: The install lock is taken inside the install's one transaction and ends with it.
+    install_lock_in_transaction = True
+
     def install_lock_sql(self) -> tuple[str, str]:
-        """An advisory lock is per database: the pair of int4 keys is (a constant for "bgq
-        install", the table's hash); a collision only makes two installs wait for each other."""
+        """A transaction-scoped advisory lock (released by the COMMIT or ROLLBACK of install-procs'
+        one transaction, so no session keeps it, whatever pooler is in between), per database:
+        the pair of int4 keys is (a constant for "bgq install", the table's hash); a collision
+        only makes two installs wait for each other. No release statement: ""."""
         keys = "hashtext('bgq install'), hashtext(lower(%s))"  # one table, whatever the case
-        return f"SELECT pg_try_advisory_lock({keys})", f"SELECT pg_advisory_unlock({keys})"
+        return f"SELECT pg_try_advisory_xact_lock({keys})", ""
 
 
 @functools.lru_cache(maxsize=16)
