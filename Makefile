@@ -4,12 +4,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo web test lint bench chaos clean
+.PHONY: install demo web test lint sql bench chaos scale clean
 
 BENCH_VENV  := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 BENCH_ARGS  ?=
 CHAOS_ARGS  ?=
+SCALE_ARGS  ?=
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +46,13 @@ lint: $(STAMP)
 	$(BIN)/sqlfluff lint db/mysql --dialect mysql
 	$(BIN)/sqlfluff lint db/postgres --dialect postgres
 
+# The rendered SQL of what install-procs installs (table background_job), checked in under
+# docs/sql/ for DBAs and reviewers; tests/test_sql_rendering.py fails when it is not current.
+sql: $(STAMP)
+	rm -rf docs/sql
+	$(BIN)/bgq sql --dialect mysql --write docs/sql/mysql
+	$(BIN)/bgq sql --dialect postgres --write docs/sql/postgres
+
 $(BENCH_STAMP): pyproject.toml tools/bench/requirements.txt
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
@@ -63,6 +71,14 @@ bench: $(BENCH_STAMP)
 # dialects; writes docs/reliability.md. The reduced CI run: make chaos CHAOS_ARGS="--preset ci".
 chaos: $(STAMP)
 	$(BIN)/python -m tools.chaos --preset full $(CHAOS_ARGS)
+
+# bgq on the engines users scale out to (tools/scale/): PgBouncer in transaction pooling, a
+# PostgreSQL primary with a streaming standby, a 3-node MariaDB Galera cluster, a 3-node RabbitMQ
+# cluster, each started on loopback ports (its Debian packages installed when missing), run through
+# the chaos harness with its own faults and stopped by pid; writes docs/scale-out.md. The reduced
+# CI run: make scale SCALE_ARGS="--preset ci".
+scale: $(STAMP)
+	$(BIN)/python -m tools.scale --preset full $(SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) build dist *.egg-info .pytest_cache

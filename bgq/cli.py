@@ -314,6 +314,58 @@ app.command("update-schema", help="Alias of install-procs.")(install_procs)
 
 
 @app.command()
+def sql(
+    routine: Annotated[
+        str | None, typer.Argument(help="One routine (e.g. claim_batch), `schema` or `migrations/NAME`.")
+    ] = None,
+    dialect: Annotated[
+        str | None,
+        typer.Option(
+            help="mysql or postgres (default: the dialect of the --app or --database-url database)."
+        ),
+    ] = None,
+    write: Annotated[
+        str | None, typer.Option(help="Write one .sql file per part into this directory instead.")
+    ] = None,
+) -> None:
+    """Print the SQL that install-procs installs, rendered for the table (--table, default
+    background_job): the schema, the migrations and every procedure, as the server receives them."""
+    from .config import TABLE_NAME_RE
+    from .db import dialect_name
+    from .install import RENDERED_TABLE, rendered_sql
+
+    queue = load_queue(required=False) if dialect is None else None
+    table = queue.config.table_name if queue is not None else state.table or RENDERED_TABLE
+    if not TABLE_NAME_RE.fullmatch(table):
+        fail(f"Invalid table name {table!r}.", code=2)
+    if dialect is None:
+        url = queue.config.database_url if queue is not None else state.database_url
+        if not url:
+            fail("Name the dialect: bgq sql --dialect mysql|postgres (or give --app or --database-url).", 2)
+        dialect = dialect_name(normalise_url(url).get_backend_name())
+    if dialect not in ("mysql", "postgres"):
+        fail(f"Unknown dialect {dialect!r}: mysql or postgres.", code=2)
+    parts = rendered_sql(dialect, table)
+    if routine is not None:
+        if routine not in parts:
+            fail(f"No routine {routine!r} in bgq's {dialect} SQL (known: {', '.join(parts)}).", code=2)
+        parts = {routine: parts[routine]}
+    if write is not None:
+        from pathlib import Path
+
+        for name, text in parts.items():
+            path = Path(write) / f"{name}.sql"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        typer.echo(f"wrote {len(parts)} files to {write}")
+        return
+    for name, text in parts.items():
+        if len(parts) > 1:
+            typer.echo(f"-- ==== {name} ({dialect}, table {table}) ====")
+        typer.echo(text)
+
+
+@app.command()
 def process(
     max_runtime: Annotated[
         float,

@@ -85,6 +85,23 @@ def _rules(dialect: str, table: str) -> dict[str, object]:
     return {name: macro for name, macro in vars(rules).items() if not name.startswith("_")}
 
 
+#: The table the checked-in rendering (docs/sql/<dialect>/) is made for: the default table_name.
+RENDERED_TABLE = "background_job"
+
+
+def rendered_sql(dialect: str, table: str = RENDERED_TABLE) -> dict[str, str]:
+    """What `bgq install-procs` runs for `table`, as a DBA would read it: "schema" (a new
+    table's schema.sql), each migration as "migrations/<name>", then each routine's CREATE by
+    name, in install order (callees first). The text is the real one: the same rendering."""
+    files = SqlFiles.load(dialect)
+    out = {"schema": render(files.schema, table, dialect).strip() + "\n"}
+    for m in files.migrations:
+        out[f"migrations/{m.name}"] = render(m.text, table, dialect).strip() + "\n"
+    for name, text in files.routines.items():
+        out[name] = render(text, table, dialect).strip() + "\n"
+    return out
+
+
 def _statements(text: str) -> list[str]:
     """Split schema.sql (or a PostgreSQL migration) on ';' at line ends, dropping comment-only chunks."""
     out = []

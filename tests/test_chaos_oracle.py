@@ -216,3 +216,52 @@ def test_parsers_read_what_the_app_and_the_harness_write(tmp_path, monkeypatch) 
         "CRITICAL bgq: Stalled job reaped. (ID: 42, PID 7)\nCRITICAL bgq: Stalled job reaped. (ID: 43, PID 7)"
     )
     assert oracle.parse_reaped([log]) == {42, 43}
+
+
+# --- topology faults (tools/scale/) ---
+
+
+def test_a_rerun_after_a_topology_fault_is_unexplained_unless_the_topology_may_undo_results() -> None:
+    """A failover to a synchronous standby must lose no written result: a re-run after it fails the
+    run. Only a topology that says it may undo results (an asynchronous standby) has it classified."""
+    jobs = [FREE]
+    events = run(3, 100, 1.0, 1.1) + run(3, 101, 5.0, 5.1)
+    rows = {4: done(4, 101, 5.1, attempts=2)}
+    faults = [fault("failover", 2.0), fault("failover_done", 3.0)]
+    strict = oracle.judge(jobs, events, faults, rows)
+    assert strict.unexplained_reruns == 1 and strict.failed
+    lenient = oracle.judge(jobs, events, faults, rows, cluster_kinds=("failover",))
+    assert (lenient.unexplained_reruns, lenient.classified_reruns) == (0, 1)
+    assert lenient.rerun_classes == {"failover after end": 1}
+    # A fault long after the run's end (beyond RESULT_WINDOW_S) explains nothing.
+    late = [fault("failover", 1.1 + oracle.RESULT_WINDOW_S + 1), fault("failover_done", 9.0)]
+    events_late = run(3, 100, 1.0, 1.1) + run(3, 101, 12.0, 12.1)
+    assert oracle.judge(jobs, events_late, late, rows, cluster_kinds=("failover",)).unexplained_reruns == 1
+
+
+def test_recovery_measures_every_busy_unit_from_the_topology_serving_again() -> None:
+    units = {100: "work0", 101: "work1", 102: "work1", 103: "work2"}  # 102: work1 restarted
+    events = (
+        run(0, 100, 1.0, 1.1) + run(1, 101, 1.5, 1.6)  # both busy before the fault at 2.0
+        + run(2, 100, 4.5, 4.6) + run(3, 102, 6.0, 6.1)  # back 0.5 s and 2.0 s after done (4.0)
+        + run(4, 103, 20.0, 20.1)  # work2 was not busy before: not waited for
+    )  # fmt: skip
+    faults = [fault("node_kill", 2.0), fault("node_kill_done", 4.0), fault("kill", 3.0, 101)]
+    (rec,) = oracle.recovery(events, faults, units, ("node_kill",))
+    assert (rec.kind, rec.units, rec.missing) == ("node_kill", 2, ())
+    assert rec.at_s == pytest.approx(1.0)  # 2.0 s, one second after the first start
+    assert rec.served_s == pytest.approx(2.0)
+    assert rec.first_end_s == pytest.approx(2.6)
+    assert rec.back_s == pytest.approx(2.0)
+
+
+def test_recovery_names_a_busy_unit_that_never_came_back_while_others_worked() -> None:
+    units = {100: "work0", 101: "work1"}
+    events = run(0, 100, 1.0, 1.1) + run(1, 101, 1.5, 1.6) + run(2, 100, 3.0, 3.1) + run(3, 100, 30.0, 30.1)
+    faults = [fault("failover", 2.0), fault("failover_done", 2.5)]
+    (rec,) = oracle.recovery(events, faults, units, ("failover",))
+    assert rec.missing == ("work1",) and rec.back_s is None
+    # The same, but the jobs ran out soon after: work1 had nothing left to take, it is not missed.
+    short = events[:-2]
+    (rec,) = oracle.recovery(short, faults, units, ("failover",))
+    assert rec.missing == () and rec.back_s == pytest.approx(0.5)

@@ -31,7 +31,7 @@ BGQ = shutil.which("bgq", path=str(Path(sys.executable).parent)) or str(Path(sys
 ONE_SHOT = frozenset(
     {
         "install-procs", "process", "requeue", "reload-consumers", "monitor", "workers",
-        "clear-finished", "pause", "resume", "cancel", "schedules",
+        "clear-finished", "pause", "resume", "cancel", "schedules", "sql",
     }
 )  # fmt: skip
 

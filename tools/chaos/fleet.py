@@ -67,7 +67,9 @@ class FaultLog:
         with self.lock:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
-            if detail != "teardown" and kind in ("kill", "stop", "dbkill", "broker_stop"):
+            # Every fault that strikes is counted (a topology's own kinds too), not the marks of
+            # its end (cont, broker_start, <kind>_done).
+            if detail != "teardown" and kind not in ("cont", "broker_start") and not kind.endswith("_done"):
                 self.counts[kind] = self.counts.get(kind, 0) + 1
 
     def close(self) -> None:
@@ -99,6 +101,7 @@ class Fleet:
         self.stopping = False
         self.lock = threading.Lock()
         self.frozen: dict[int, float] = {}  # pid -> when to SIGCONT (monotonic s)
+        self.units_of: dict[int, str] = {}  # every pid that ran callbacks -> its unit's name
         hosts = 0
 
         def host() -> Unit:
@@ -146,6 +149,7 @@ class Fleet:
             )
         unit.procs.append(proc)
         unit.started[proc.pid] = unit.spawned_at = time.monotonic()
+        self.units_of[proc.pid] = unit.name
 
     def start(self) -> None:
         with self.lock:
@@ -168,10 +172,26 @@ class Fleet:
                             self._spawn(unit)
                     elif not unit.procs and now - unit.exited_at >= RESTART_S:
                         self._spawn(unit)
+                self._note_pids()
                 for pid, until in list(self.frozen.items()):
                     if now >= until:
                         self.cont(pid)
             time.sleep(TICK_S if any(u.cron for u in self.units) else 0.1)
+
+    def _note_pids(self) -> None:
+        """Remember which unit each live process (and `-c N` child) belongs to (self.lock held)."""
+        for unit in self.units:
+            for proc in unit.procs:
+                self.units_of[proc.pid] = unit.name
+                if "-c" in unit.args:
+                    for child in _children(proc.pid):
+                        self.units_of[child] = unit.name
+
+    def pid_units(self) -> dict[int, str]:
+        """pid -> unit name for every process seen during the run (the oracle's recovery figure)."""
+        with self.lock:
+            self._note_pids()
+            return dict(self.units_of)
 
     def targets(self) -> list[tuple[int, str]]:
         """The processes that run callbacks now: (pid, unit name); a `-c N` supervisor's children."""

@@ -198,9 +198,18 @@ def parse_reaped(texts: Iterable[str]) -> set[int]:
 
 
 def executions(
-    jobs: Sequence[Job], events: Sequence[Event], faults: Sequence[Fault], verdict: Verdict, run_end: int
+    jobs: Sequence[Job],
+    events: Sequence[Event],
+    faults: Sequence[Fault],
+    verdict: Verdict,
+    run_end: int,
+    cluster_kinds: Sequence[str] = (),
 ) -> list[Execution]:
-    """Pair each process's start/end lines into executions; cut unfinished ones at their kill."""
+    """Pair each process's start/end lines into executions; cut unfinished ones at their kill.
+
+    `cluster_kinds`: faults of a whole topology (no pid) that may undo a result already written,
+    such as a failover to an asynchronous standby: each one interrupts every execution that
+    started before it, as a kill of its process would."""
     by_token = {j.token: j for j in jobs}
     kills: dict[int, list[int]] = defaultdict(list)
     stops: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -218,6 +227,7 @@ def executions(
             stops[f.pid].append((open_stop.pop(f.pid), f.ns))
     for pid, a in open_stop.items():
         stops[pid].append((a, run_end))
+    cluster = [f for f in faults if f.pid is None and f.kind in cluster_kinds]
 
     out: list[Execution] = []
     by_proc: dict[str, list[Event]] = defaultdict(list)
@@ -258,6 +268,7 @@ def executions(
         ex.resumed = next((b for a, b in stops.get(ex.pid, []) if ex.start - window <= b <= ex.start), None)
         interrupts = [(k, "killed") for k in later]
         interrupts += [(a, "frozen") for a, _ in stops.get(ex.pid, []) if a >= ex.start]
+        interrupts += [(f.ns, f.kind) for f in cluster if f.ns >= ex.start]
         ex.interrupt = min(interrupts) if interrupts else None
     out.sort(key=lambda x: x.start)
     return out
@@ -461,14 +472,16 @@ def judge(
     reaped: set[int] = frozenset(),  # type: ignore[assignment]
     run_end: int | None = None,
     torn_lines: int = 0,
+    cluster_kinds: Sequence[str] = (),
 ) -> Verdict:
-    """Every check over one run; `run_end` (monotonic ns) cuts executions that have no end."""
+    """Every check over one run; `run_end` (monotonic ns) cuts executions that have no end;
+    `cluster_kinds` as in `executions`."""
     verdict = Verdict(published=len(jobs))
     if torn_lines:
         verdict.malformed += torn_lines
         verdict.note("malformed", f"{torn_lines} unreadable ledger line(s)")
     end = run_end if run_end is not None else max([e.ns for e in events] + [f.ns for f in faults] + [0])
-    execs = executions(jobs, events, faults, verdict, end)
+    execs = executions(jobs, events, faults, verdict, end, cluster_kinds)
     verdict.executions = len(execs)
     check_overlaps(execs, verdict)
     check_order(jobs, execs, verdict)
@@ -489,3 +502,60 @@ def judge(
         last_fault = max([f.ns for f in faults if f.detail != "teardown"], default=None)
         verdict.drain_s = 0.0 if last_fault is None else max(0.0, (max(ends) - last_fault) / 1e9)
     return verdict
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How a run came back from one topology fault (tools/scale/)."""
+
+    kind: str
+    at_s: float  # the fault, in seconds after the first start
+    served_s: float | None  # from the fault to its `<kind>_done` mark (the topology served again)
+    first_end_s: float | None  # from the fault to the first job end after it, anywhere
+    back_s: float | None  # from `_done` until every unit busy before the fault started a job again
+    units: int  # how many units were busy in the BUSY_S before the fault
+    missing: tuple[str, ...] = ()  # units busy before that never started a job again (jobs were left)
+
+
+BUSY_S = 10.0  # a unit that started a job this long before a fault was busy: it must come back
+
+
+def recovery(
+    events: Sequence[Event], faults: Sequence[Fault], pid_units: Mapping[int, str], kinds: Sequence[str]
+) -> list[Recovery]:
+    """Per topology fault of `kinds`: when the topology served again, when the first job ended
+    after it, and when every worker unit (a supervised worker; its restarted pids and `-c N`
+    children belong to it) that was busy before the fault had started a job again. A unit is only
+    missed when jobs still started elsewhere more than BUSY_S after the fault was served."""
+    if not events:
+        return []
+    t0 = min(e.ns for e in events)
+    starts = sorted((e.ns, pid_units.get(e.pid, f"pid {e.pid}")) for e in events if e.event == "start")
+    ends = sorted(e.ns for e in events if e.event == "end")
+    out = []
+    ordered = sorted(faults, key=lambda f: f.ns)
+    for i, f in enumerate(ordered):
+        if f.kind not in kinds:
+            continue
+        done = next((g.ns for g in ordered[i + 1 :] if g.kind == f.kind + "_done"), None)
+        base = done if done is not None else f.ns
+        busy = {u for ns, u in starts if f.ns - int(BUSY_S * 1e9) <= ns < f.ns}
+        back: dict[str, int] = {}
+        for ns, u in starts:
+            if ns >= base and u in busy and u not in back:
+                back[u] = ns
+        last_start = starts[-1][0] if starts else 0
+        missing = tuple(sorted(u for u in busy - set(back) if last_start > base + int(BUSY_S * 1e9)))
+        first_end = next((ns for ns in ends if ns >= f.ns), None)
+        out.append(
+            Recovery(
+                f.kind,
+                (f.ns - t0) / 1e9,
+                None if done is None else (done - f.ns) / 1e9,
+                None if first_end is None else (first_end - f.ns) / 1e9,
+                (max(back.values()) - base) / 1e9 if back and not missing else None,
+                len(busy),
+                missing,
+            )
+        )
+    return out

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.chaos.oracle import Verdict
+from tools.chaos.oracle import Recovery, Verdict
 
 HEADER = (
     "| mode | dialect | jobs | groups | faults kill/stop/db/mq | wall s | jobs/s | overlaps | order "
@@ -30,11 +30,24 @@ class RunResult:
     verdict: Verdict
     notes: dict[str, int] = field(default_factory=dict)  # log-line counts (CRITICAL, already running…)
     kept: str | None = None  # the run directory, when kept for inspection
+    topology: str | None = None  # the `make scale` topology it ran on (None: the single server)
+    recovery: list[Recovery] = field(default_factory=list)  # per topology fault
+    faults_on: bool = True  # False: a fault-free run, for its throughput
 
     @property
     def unexercised(self) -> bool:
-        """No fault reached this run (it drained before the first one): it proves nothing."""
+        """No fault reached this run (it drained before the first one): it proves nothing. On a
+        topology, its own fault must have struck."""
+        if not self.faults_on:
+            return False
+        if self.topology is not None:
+            return not self.recovery
         return not any(self.faults.values())
+
+    @property
+    def rate(self) -> float:
+        """Jobs completed per second of the run."""
+        return self.verdict.completed / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def failed(self) -> bool:
@@ -43,7 +56,7 @@ class RunResult:
     def row(self) -> str:
         v, f = self.verdict, self.faults
         faults = "/".join(str(f.get(k, 0)) for k in ("kill", "stop", "dbkill", "broker_stop"))
-        rate = v.completed / self.wall_s if self.wall_s > 0 else 0.0
+        rate = self.rate
         stuck = str(v.stuck)
         if v.stuck:
             stuck += (

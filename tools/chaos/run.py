@@ -41,6 +41,7 @@ import sqlalchemy as sa  # noqa: E402
 
 from tools.chaos import oracle, report, services  # noqa: E402
 from tools.chaos.fleet import APP, BGQ, FaultLog, Fleet  # noqa: E402
+from tools.scale.topology import Topology  # noqa: E402
 
 MODES = ["cron", "work", "broker", "mixed"]
 DIALECTS = ["mysql", "postgres"]
@@ -108,8 +109,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def schedule(args: argparse.Namespace, mode: str, rng: random.Random) -> list[tuple[float, str]]:
-    """The faults of one run: (seconds after the workers' start, kind), in time order."""
+def schedule(
+    args: argparse.Namespace, mode: str, rng: random.Random, topology_kinds: tuple[str, ...] = ()
+) -> list[tuple[float, str]]:
+    """The faults of one run: (seconds after the workers' start, kind), in time order.
+
+    `topology_kinds`: a topology's own faults (tools/scale/), `args.topology_faults` of them spread
+    evenly over the fault window, taking turns through the kinds."""
     end = max(2.0, args.seconds - args.drain)
     freeze = args.stalled_timeout + 3.0
     out: list[tuple[float, str]] = []
@@ -127,6 +133,17 @@ def schedule(args: argparse.Namespace, mode: str, rng: random.Random) -> list[tu
         out += [
             (round(3.0 + i * step + rng.uniform(0, min(2.0, step / 3)), 2), "broker")
             for i in range(args.broker_restarts)
+        ]
+    count = getattr(args, "topology_faults", 0) if topology_kinds else 0
+    if count:
+        first = getattr(args, "topology_first", 8.0)
+        step = max(1.0, (end - first) / count)
+        out += [
+            (
+                round(first + i * step + rng.uniform(0, min(3.0, step / 4)), 2),
+                topology_kinds[i % len(topology_kinds)],
+            )
+            for i in range(count)
         ]
     return sorted(out)
 
@@ -166,15 +183,26 @@ def publish(
 
 def inject(
     fleet: Fleet, server: services.Server, database: str, plan: list[tuple[float, str]], t0: float,
-    args: argparse.Namespace, rng: random.Random, done: threading.Event,
+    args: argparse.Namespace, rng: random.Random, done: threading.Event, topology: Topology | None = None,
 ) -> None:  # fmt: skip
-    """The fault thread: each planned fault at its time, on a random live target."""
+    """The fault thread: each planned fault at its time, on a random live target. A topology's
+    fault runs in a thread of its own (a failover takes seconds), joined before this one ends."""
     freeze = args.stalled_timeout + 3.0
+    cluster: list[threading.Thread] = []
     for at, kind in plan:
         if done.wait(max(0.0, t0 + at - time.monotonic())):
-            return
+            break
         try:
-            if kind == "dbkill":
+            if topology is not None and kind in topology.fault_kinds:
+                if any(t.is_alive() for t in cluster):
+                    print(f"  {at:6.2f}s {kind}: the previous topology fault is still going on", flush=True)
+                    continue
+                thread = threading.Thread(
+                    target=topology_fault, args=(topology, kind, fleet, at), daemon=True
+                )
+                thread.start()
+                cluster.append(thread)
+            elif kind == "dbkill":
                 fleet.faults.add("dbkill", None, f"{server.cut_sessions(database)} sessions")
             elif kind == "broker":
                 threading.Thread(target=restart_broker, args=(fleet,), daemon=True).start()
@@ -188,6 +216,16 @@ def inject(
                 print(f"  {at:6.2f}s {kind} {name} pid {pid}{'' if ok else ' (already gone)'}", flush=True)
         except Exception as exc:  # a fault that fails is reported, the run goes on
             print(f"  {at:6.2f}s {kind} failed: {exc}", flush=True)
+    for thread in cluster:
+        thread.join(300)
+
+
+def topology_fault(topology: Topology, kind: str, fleet: Fleet, at: float) -> None:
+    try:
+        detail = topology.fault(kind, fleet.faults)
+        print(f"  {at:6.2f}s {kind}: {detail}", flush=True)
+    except Exception as exc:  # reported; the run goes on and the oracle judges what followed
+        print(f"  {at:6.2f}s {kind} failed: {exc}", flush=True)
 
 
 def restart_broker(fleet: Fleet) -> None:
@@ -202,26 +240,48 @@ def restart_broker(fleet: Fleet) -> None:
         fleet.faults.add("broker_start")
 
 
-def run_one(args: argparse.Namespace, mode: str, dialect: str, seed: int) -> report.RunResult:
+def run_one(
+    args: argparse.Namespace, mode: str, dialect: str, seed: int, topology: Topology | None = None,
+    faults_on: bool = True,
+) -> report.RunResult:  # fmt: skip
+    """One run. `topology` (tools/scale/): the workers connect through it, the harness administers
+    through its current writable node, and its faults join the schedule. `faults_on` False: a
+    fault-free run (a throughput figure; it is not failed for having no fault)."""
     sizes = {k: v for k, v in MODE_SIZES.get(args.preset, {}).get(mode, {}).items() if k not in args.explicit}
     args = argparse.Namespace(**{**vars(args), **sizes})
     rng = random.Random(seed)
     hexid = secrets.token_hex(4)
     database, queue_name, table = f"bgqchaos_{hexid}", f"bgqchaos{hexid}", "chaos_job"
-    run_dir = Path(tempfile.mkdtemp(prefix=f"bgqchaos-{mode}-{dialect}-"))
+    where = f"{topology.name}-" if topology is not None else ""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"bgqchaos-{where}{mode}-{dialect}-"))
     (run_dir / "ledger").mkdir()
-    server = services.Server(dialect)
+    server = admin_server(dialect, topology)
+    worker_url = topology.worker_url(database) if topology is not None else server.url_for(database)
     env = {k: v for k, v in os.environ.items() if not k.startswith("BGQ_")}
     env.update(
-        BGQ_CHAOS_URL=server.url_for(database), BGQ_CHAOS_TABLE=table, BGQ_CHAOS_QUEUE=queue_name,
+        BGQ_CHAOS_URL=worker_url, BGQ_CHAOS_TABLE=table, BGQ_CHAOS_QUEUE=queue_name,
         BGQ_CHAOS_LEDGER=str(run_dir / "ledger"), BGQ_CHAOS_STALLED=str(args.stalled_timeout),
         BGQ_CHAOS_LOST=str(args.lost_timeout), PYTHONPATH=str(ROOT),
     )  # fmt: skip
+    amqp = topology.amqp_urls() if topology is not None else None
     if mode == "broker":
-        env["BGQ_CHAOS_AMQP"] = services.AMQP_URL
-    plan = schedule(args, mode, rng)
-    print(f"== {mode} / {dialect}: database {database}, queue {queue_name}, run dir {run_dir}", flush=True)
-    print("   fault schedule (s after start): " + ", ".join(f"{t:.1f} {k}" for t, k in plan), flush=True)
+        env["BGQ_CHAOS_AMQP"] = " ".join(amqp) if amqp else services.AMQP_URL
+    if topology is not None:
+        env.update(topology.app_env(database))
+    if not faults_on:
+        args = argparse.Namespace(**{**vars(args), "kill_every": 0.0, "stop_every": 0.0, "dbkill_every": 0.0,
+                                     "broker_restarts": 0, "topology_faults": 0})  # fmt: skip
+    elif amqp:  # the topology's broker: its own faults, never a restart of the machine's RabbitMQ
+        args = argparse.Namespace(**{**vars(args), "broker_restarts": 0})
+    plan = schedule(args, mode, rng, topology.fault_kinds if topology is not None else ())
+    print(
+        f"== {where}{mode} / {dialect}: database {database}, queue {queue_name}, run dir {run_dir}",
+        flush=True,
+    )
+    print(
+        "   fault schedule (s after start): " + (", ".join(f"{t:.1f} {k}" for t, k in plan) or "none"),
+        flush=True,
+    )
     server.create(database)
     fleet: Fleet | None = None
     done = threading.Event()
@@ -234,10 +294,13 @@ def run_one(args: argparse.Namespace, mode: str, dialect: str, seed: int) -> rep
         )
         faults = FaultLog(run_dir / "faults.jsonl")
         fleet = Fleet(mode, args.workers, env, run_dir, faults)
-        poll = sa.create_engine(server.url_for(database), pool_pre_ping=True)
+        # The poll goes where the workers go: after a failover it follows them to the new primary.
+        poll = sa.create_engine(worker_url, pool_pre_ping=True, connect_args=services.connect_args(dialect))
         t0 = time.monotonic()
         fleet.start()
-        injector = threading.Thread(target=inject, args=(fleet, server, database, plan, t0, args, rng, done))
+        injector = threading.Thread(
+            target=inject, args=(fleet, server, database, plan, t0, args, rng, done, topology)
+        )
         injector.start()
         finished = 0
         while time.monotonic() - t0 < args.seconds:
@@ -248,14 +311,19 @@ def run_one(args: argparse.Namespace, mode: str, dialect: str, seed: int) -> rep
             time.sleep(0.5)
         wall = time.monotonic() - t0
         done.set()
-        injector.join(30)
+        injector.join(330)
         poll.dispose()
         fleet.teardown()
         run_end = time.monotonic_ns()
         faults.close()
+        if topology is not None:
+            topology.heal()
+            server.close()
+            server = admin_server(dialect, topology)  # the node that takes writes now
         result = judge(
-            run_dir, server, database, table, jobs, run_end, mode, dialect, args, seed, wall, faults
-        )
+            run_dir, server, database, table, jobs, run_end, mode, dialect, args, seed, wall, faults,
+            topology, fleet.pid_units(), faults_on,
+        )  # fmt: skip
         return result
     finally:
         done.set()
@@ -263,7 +331,7 @@ def run_one(args: argparse.Namespace, mode: str, dialect: str, seed: int) -> rep
             fleet.teardown(grace=2.0)
         with contextlib.suppress(Exception):
             server.drop(database)
-        if mode == "broker":
+        if mode == "broker" and not amqp:  # a topology's broker goes with its data directory
             with contextlib.suppress(Exception):
                 services.delete_broker_objects(queue_name)
         server.close()
@@ -273,9 +341,16 @@ def run_one(args: argparse.Namespace, mode: str, dialect: str, seed: int) -> rep
             result.kept = str(run_dir)
 
 
+def admin_server(dialect: str, topology: Topology | None) -> services.Server:
+    """The server the harness administers the run's database through: the single server, or the
+    topology's node that takes writes now."""
+    return services.Server(dialect, topology.admin_url() if topology is not None else None)
+
+
 def judge(run_dir: Path, server: services.Server, database: str, table: str, jobs: list[oracle.Job],
           run_end: int, mode: str, dialect: str, args: argparse.Namespace, seed: int, wall: float,
-          faults: FaultLog) -> report.RunResult:  # fmt: skip
+          faults: FaultLog, topology: Topology | None = None, pid_units: dict[int, str] | None = None,
+          faults_on: bool = True) -> report.RunResult:  # fmt: skip
     events: list[oracle.Event] = []
     torn = 0
     for path in sorted((run_dir / "ledger").glob("*.ledger")):
@@ -286,14 +361,21 @@ def judge(run_dir: Path, server: services.Server, database: str, table: str, job
     logs = [p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("*.log"))]
     rows = {r["id"]: oracle.Row(r["id"], r["state"], r["attempts"], r["finished_at"], r["pid"])
             for r in server.snapshot(database, table)}  # fmt: skip
-    verdict = oracle.judge(jobs, events, fault_list, rows, oracle.parse_reaped(logs), run_end, torn)
+    explaining = topology.fault_kinds if topology is not None and topology.may_rerun else ()
+    verdict = oracle.judge(
+        jobs, events, fault_list, rows, oracle.parse_reaped(logs), run_end, torn, cluster_kinds=explaining
+    )
+    recovery = oracle.recovery(events, fault_list, pid_units or {}, topology.fault_kinds) if topology else []
     notes = {}
     for label, needle in LOG_NOTES:
         n = sum(text.count(needle) for text in logs)
         if n:
             notes[label] = n
     groups = len({j.group for j in jobs if j.group is not None})
-    return report.RunResult(mode, dialect, len(jobs), groups, seed, dict(faults.counts), wall, verdict, notes)
+    return report.RunResult(
+        mode, dialect, len(jobs), groups, seed, dict(faults.counts), wall, verdict, notes,
+        topology=topology.name if topology is not None else None, recovery=recovery, faults_on=faults_on,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

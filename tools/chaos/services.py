@@ -21,11 +21,14 @@ class Server:
     """One dialect's server: an admin engine (on its `test` database, never the run's) that creates,
     cuts and drops the run's database `bgqchaos_<hex>`."""
 
-    def __init__(self, dialect: str) -> None:
+    def __init__(self, dialect: str, admin: str | None = None) -> None:
+        """`admin`: another server's admin URL (a `make scale` topology's writable node)."""
         self.dialect = dialect
-        admin = MYSQL_ADMIN if dialect == "mysql" else POSTGRES_ADMIN
+        admin = admin or (MYSQL_ADMIN if dialect == "mysql" else POSTGRES_ADMIN)
         self.admin_url = sa.make_url(admin)
-        self.engine = sa.create_engine(admin, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+        self.engine = sa.create_engine(
+            admin, isolation_level="AUTOCOMMIT", pool_pre_ping=True, connect_args=connect_args(dialect)
+        )
 
     def url_for(self, database: str) -> str:
         return self.admin_url.set(database=database).render_as_string(hide_password=False)
@@ -68,7 +71,7 @@ class Server:
 
     def snapshot(self, database: str, table: str) -> list[dict[str, Any]]:
         """The end state of bgq's table: id, state, attempts, finished_at (epoch s), pid."""
-        engine = sa.create_engine(self.url_for(database))
+        engine = sa.create_engine(self.url_for(database), connect_args=connect_args(self.dialect))
         try:
             with engine.connect() as conn:
                 rows = conn.exec_driver_sql(
@@ -96,6 +99,12 @@ class Server:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def connect_args(dialect: str) -> dict[str, Any]:
+    """The harness's own connections: no server-side prepared statements (a pooler such as
+    PgBouncer in transaction mode cannot route them)."""
+    return {"prepare_threshold": None} if dialect == "postgres" else {}
 
 
 def rabbitmqctl(*args: str, timeout: float = 60) -> str:

@@ -41,6 +41,18 @@ class Topology(ABC):
     modes: ClassVar[tuple[str, ...]]
     #: The faults `fault()` can do (e.g. "failover", "node_kill"); the driver schedules them.
     fault_kinds: ClassVar[tuple[str, ...]] = ()
+    #: True when a fault of this topology may undo a result that was already written (a failover
+    #: to an asynchronous standby): the oracle then classifies the re-runs it explains. False: any
+    #: re-run after its faults is unexplained, a failure.
+    may_rerun: ClassVar[bool] = False
+    #: The bound on a run's recovery: seconds from a fault's `_done` until every busy worker took a
+    #: job again (None: no bound).
+    recovery_bound_s: ClassVar[float | None] = 10.0
+    #: Workers of the fault-free throughput pair (direct, then through the topology).
+    throughput_workers: ClassVar[int] = 4
+    #: The least throughput through the topology, as a share of direct, that the full preset
+    #: accepts (None: reported, not judged).
+    throughput_floor: ClassVar[float | None] = None
     #: Debian packages `start()` needs: installed with apt-get when missing.
     packages: ClassVar[tuple[str, ...]] = ()
 
@@ -89,7 +101,7 @@ class Topology(ABC):
         (e.g. the standby promoted). Returns a one-line description for the run's log."""
         raise ValueError(f"{self.name} has no fault {kind!r}")
 
-    def heal(self) -> None:
+    def heal(self) -> None:  # noqa: B027 (a topology whose faults heal themselves keeps it)
         """Bring back what the faults left down (a killed node restarted and rejoined), bounded."""
 
     def versions(self) -> list[str]:

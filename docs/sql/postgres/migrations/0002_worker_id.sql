@@ -1,0 +1,14 @@
+-- bgq migration 0002_worker_id (PostgreSQL 15): the worker that claimed a job
+--
+-- Changes background_job: adds the column worker_id BIGINT NULL (last in the table).
+-- Why: every claim (background_job_claim, background_job_claim_batch, background_job_hand_off, through
+--   background_job_claim_job) stores its p_worker_id there, so a worker known to be dead can have
+--   its PROCESSING jobs given back at once instead of after stalled_job_timeout. NULL: the
+--   claim named no worker (older workers, a DBA's claim).
+-- Older workers: tolerated. bgq's inserts name their columns and its reads take columns by name;
+--   older claim functions leave the column NULL.
+-- Cost: a nullable column without a default is added to the catalogue only: no rewrite, a brief
+--   ACCESS EXCLUSIVE lock to attach it.
+-- Interrupted: install-procs runs the migration and its record in one transaction; IF NOT EXISTS
+--   also makes it safe to run again.
+ALTER TABLE background_job ADD COLUMN IF NOT EXISTS worker_id BIGINT NULL;

@@ -1,0 +1,8 @@
+-- bgq migration 0007_running_group_key (PostgreSQL 15): nothing to change on PostgreSQL
+--
+-- On MySQL/MariaDB this migration makes the running_group index a plain one: InnoDB's duplicate
+-- check on a UNIQUE secondary index takes gap locks, which made the claims of other groups and
+-- publishes wait for an open claim. PostgreSQL's unique check takes no gap locks, so
+-- background_job_running_group stays a partial UNIQUE index here, a last line of defence behind the
+-- group row lock. The file has no statement; it keeps the migration numbers of both dialects in
+-- step, and `bgq install-procs` records it like any other.
