@@ -50,9 +50,6 @@ def bouncer(tmp_path: Path, pg: str) -> Iterator[Any]:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
     port = 16440 + (int(worker) if worker.isdigit() else 0) % 20
     workdir = tmp_path / "pgbouncer"
-    if os.geteuid() == 0:  # PgBouncer drops to postgres: it must reach its files
-        for parent in (tmp_path, *tmp_path.parents):
-            os.chmod(parent, os.stat(parent).st_mode | 0o011)
     b = PgBouncer(workdir, port, pool_size=3, idle_transaction_timeout=5)
     b.start()
     try:

@@ -83,6 +83,10 @@ class PgBouncer:
         if os.geteuid() == 0:  # the files must be PgBouncer's once it dropped to USER
             for path in (workdir, workdir / "userlist.txt", self.config):
                 os.chown(path, _uid(USER), -1)
+            for parent in workdir.parents:  # and it must reach them (mkdtemp makes 0700 dirs)
+                mode = parent.stat().st_mode
+                if mode & 0o011 != 0o011:
+                    os.chmod(parent, mode | 0o011)
 
     def start(self, seconds: float = 20.0) -> int:
         """Start PgBouncer and wait until it accepts connections; its pid."""
@@ -159,7 +163,7 @@ class PgBouncerTopology(Topology):
     dialect = "postgres"
     modes = ("work", "cron", "broker")
     fault_kinds = ("pooler_restart", "pooler_kill_db")
-    packages = ("pgbouncer", "postgresql-client")
+    packages = ("pgbouncer",)
     #: PgBouncer cuts connections; it never undoes a commit: any re-run is unexplained.
     may_rerun = False
     recovery_bound_s: ClassVar[float | None] = 10.0
@@ -213,10 +217,9 @@ class PgBouncerTopology(Topology):
             self.pids.append(self.bouncer.start())
 
     def versions(self) -> list[str]:
-        server = subprocess.run(
-            ["psql", "-h", SERVER_HOST, "-U", USER, "-Atc", "SHOW server_version", "postgres"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        return [self.bouncer.version(), f"PostgreSQL {server.split()[0] if server else '?'}"]
+        import psycopg
+
+        with psycopg.connect(host=SERVER_HOST, port=SERVER_PORT, user=USER, dbname="postgres") as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+        server = str(row[0]).split()[0] if row else "?"
+        return [self.bouncer.version(), f"PostgreSQL {server}"]
