@@ -64,6 +64,8 @@ app = typer.Typer(
 class State:
     app_path: str | None = None
     database_url: str | None = None
+    pooled: bool | None = None  # --pooled / --no-pooled (None: the queue's option)
+    listen_url: str | None = None
     table: str | None = None
     queue: Queue | None = None  # the command's queue (load_queue)
     log_format: str | None = None  # --log-format (None: the queue's log_format option)
@@ -112,6 +114,23 @@ def options(
             "--database-url", envvar="BGQ_DATABASE_URL", help="SQLAlchemy URL; overrides the app's."
         ),
     ] = None,
+    pooled: Annotated[
+        bool | None,
+        typer.Option(
+            "--pooled/--no-pooled",
+            envvar="BGQ_POOLED",
+            help="PostgreSQL behind a transaction-pooling PgBouncer: no session state, no prepared "
+            "statements. Default: the queue's pooled option.",
+        ),
+    ] = None,
+    listen_url: Annotated[
+        str | None,
+        typer.Option(
+            "--listen-url",
+            envvar="BGQ_LISTEN_URL",
+            help="A direct PostgreSQL URL (not through a pooler) for idle workers' LISTEN.",
+        ),
+    ] = None,
     table: Annotated[str | None, typer.Option("--table", help="Jobs table when no --app is given.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level.")] = False,
     log_format: Annotated[
@@ -133,6 +152,7 @@ def options(
     # (BrokerError, one line), so pika speaks only with --verbose.
     logging.getLogger("pika").setLevel(logging.INFO if verbose else logging.CRITICAL)
     state.app_path, state.database_url, state.table = app_path, database_url, table
+    state.pooled, state.listen_url = pooled, listen_url
 
 
 def _use_log_format(fmt: str) -> None:
@@ -159,9 +179,18 @@ def load_queue(required: bool = True) -> Queue | None:
         fail(f"Cannot load {state.app_path!r}: {exc}", code=2)
     if not isinstance(queue, Queue):
         fail(f"{state.app_path!r} is not a bgq.Queue (got {type(queue).__name__}).", code=2)
-    if state.database_url:
+    overrides = {
+        name: value
+        for name, value in (
+            ("database_url", state.database_url or None),
+            ("pooled", state.pooled),
+            ("listen_url", state.listen_url or None),
+        )
+        if value is not None
+    }
+    if overrides:
         queue.close()
-        queue.config = type(queue.config)(**{**queue.config.__dict__, "database_url": state.database_url})
+        queue.config = type(queue.config)(**{**queue.config.__dict__, **overrides})
     state.queue = queue
     if state.log_format is None and queue.config.log_format != "text":
         _use_log_format(queue.config.log_format)
@@ -272,7 +301,7 @@ def install_procs() -> None:
             changed, table, where = queue.install(), queue.config.table_name, queue.database.safe_url
         else:
             if state.database_url:
-                db = state.database = Database(state.database_url)
+                db = state.database = Database(state.database_url, pooled=bool(state.pooled))
             else:
                 from .embedded import embedded_url
 

@@ -69,6 +69,8 @@ class Config:
     worker_heartbeat_interval: int = 5
     worker_dead_after: int = 30
     log_format: str = "text"
+    pooled: bool = False
+    listen_url: str | None = None
 
     def served_queue(self, sub_queue: str | None) -> str:
         """queue_name() for a worker (`bgq work`, `bgq consume`): also ConfigError for a sub-queue
@@ -221,6 +223,35 @@ def _workers_options(opts: dict[str, Any]) -> None:
         raise ConfigError(f'Option "log_format" must be one of {", ".join(LOG_FORMATS)}, got {fmt!r}.')
 
 
+#: The values of BGQ_POOLED that mean yes / no (as `bgq --pooled` reads it).
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str) -> bool | None:
+    """An environment variable read as a yes/no flag; None when it is not set."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    if raw.strip().lower() in _TRUE:
+        return True
+    if raw.strip().lower() in _FALSE:
+        return False
+    raise ConfigError(f"{name} must be 1/true/yes/on or 0/false/no/off, got {raw!r}.")
+
+
+def _pooler_options(opts: dict[str, Any]) -> None:
+    """pooled (default $BGQ_POOLED, else False) and listen_url (default $BGQ_LISTEN_URL)."""
+    if opts.get("pooled") is None:
+        opts["pooled"] = bool(env_flag("BGQ_POOLED"))
+    if not isinstance(opts["pooled"], bool):
+        raise ConfigError(f'Option "pooled" must be True or False, got {opts["pooled"]!r}.')
+    if opts.get("listen_url") is None:
+        opts["listen_url"] = os.environ.get("BGQ_LISTEN_URL") or None
+    listen = opts["listen_url"]
+    if listen is not None and not isinstance(listen, str):
+        raise ConfigError(f'Option "listen_url" must be a database URL, got {listen!r}.')
+
+
 def build_config(**options: Any) -> Config:
     """Validate the keyword options of Queue(...) and return the Config."""
     fields = set(Config.__dataclass_fields__)
@@ -238,6 +269,7 @@ def build_config(**options: Any) -> Config:
         )
     if opts.get("database_url") is None:
         opts["database_url"] = os.environ.get("BGQ_DATABASE_URL") or None
+    _pooler_options(opts)
     table = opts.get("table_name", "background_job")
     if not isinstance(table, str) or not TABLE_NAME_RE.fullmatch(table):
         raise ConfigError(

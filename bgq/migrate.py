@@ -115,11 +115,14 @@ def install_lock(
 ) -> Iterator[None]:
     """Only one `install-procs` at a time per table and database.
 
-    The lock outlives transactions (MySQL DDL commits implicitly, so no transaction can span a
-    migration): it lives on a connection of its own, in autocommit mode (never idle inside a
-    transaction, which the server would cut after `lock_timeout`), and is released at the end.
-    PostgreSQL: a session advisory lock; if the release fails, the connection is invalidated
-    (closing the session frees the lock). MySQL/MariaDB: a lock row in `bgq_install_lock`, which
+    PostgreSQL: the whole install runs in one transaction (its DDL is transactional), every step
+    a savepoint of it (Database.one_transaction), and the lock is pg_advisory_xact_lock's: the
+    COMMIT or ROLLBACK ends it, so no session ever keeps it, a pooled one (PgBouncer) included.
+
+    MySQL/MariaDB (whose DDL commits implicitly, so no transaction can span a migration): the
+    lock lives on a connection of its own, in autocommit mode (never idle inside a transaction,
+    which the server would cut after `lock_timeout`), and is released at the end; if the release
+    fails, the connection is invalidated. It is a lock row in `bgq_install_lock`, which
     holds across a Galera cluster as GET_LOCK would not (bgq/db/mysql.py install_lock_sql); a
     thread refreshes its lease of `lease` seconds every lease / 6 while the install runs, so a
     killed install delays the next one by `lease` seconds at most. Raises LockTimeoutError after
@@ -127,6 +130,11 @@ def install_lock(
     sql = db.dialect.install_lock_sql()
     params = {"table": table, "holder": f"{socket.gethostname()[:150]} pid {os.getpid()} {uuid.uuid4().hex}",
               "lease": int(lease)}  # fmt: skip
+    if sql.in_transaction:
+        with db.one_transaction() as conn:
+            _wait_for_lock(db, conn, sql.take, params, table, wait)
+            yield
+        return
     try:
         conn = db.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
     except sa.exc.DBAPIError as exc:
@@ -134,17 +142,7 @@ def install_lock(
     try:
         for statement in sql.setup:
             _scalar(db, conn, statement, params)
-        deadline, warned = time.monotonic() + wait, False
-        while not _take(db, conn, sql.take, params):
-            if time.monotonic() >= deadline:
-                raise LockTimeoutError(
-                    f"Another `bgq install-procs` is running on table {table!r} ({db.safe_url}): "
-                    f"waited {wait:g} s for it."
-                )
-            if not warned:
-                db.log.warning(f"bgq: another install-procs is running on table {table!r}; waiting for it.")
-                warned = True
-            time.sleep(0.2)
+        _wait_for_lock(db, conn, sql.take, params, table, wait)
         done = threading.Event()
         keeper = None
         if sql.refresh:
@@ -166,6 +164,23 @@ def install_lock(
                 raise
     finally:
         conn.close()
+
+
+def _wait_for_lock(
+    db: Database, conn: Connection, take: Sequence[str], params: dict[str, object], table: str, wait: float
+) -> None:
+    """Take the install lock (`_take`), polling every 0.2 s; LockTimeoutError after `wait` s."""
+    deadline, warned = time.monotonic() + wait, False
+    while not _take(db, conn, take, params):
+        if time.monotonic() >= deadline:
+            raise LockTimeoutError(
+                f"Another `bgq install-procs` is running on table {table!r} ({db.safe_url}): "
+                f"waited {wait:g} s for it."
+            )
+        if not warned:
+            db.log.warning(f"bgq: another install-procs is running on table {table!r}; waiting for it.")
+            warned = True
+        time.sleep(0.2)
 
 
 def _take(db: Database, conn: Connection, take: Sequence[str], params: dict[str, object]) -> bool:

@@ -436,16 +436,25 @@ class Procs:
         return {int(r["id"]): bool(r["finished"]) for r in rows}
 
     def listener(self) -> Listener | None:
-        """A LISTEN connection woken by new jobs (PostgreSQL's insert trigger); None on MySQL."""
-        if self.db.dialect.name != "postgres":
+        """A LISTEN connection woken by new jobs (PostgreSQL's insert trigger); None on MySQL
+        and behind a transaction pooler without a listen_url (`polls`)."""
+        if self.db.dialect.name != "postgres" or self.polls:
             return None
         return Listener(self.db, self.table)
 
-    def waker(self) -> Waker:
-        """What an idle `bgq work` waits on: the LISTEN connection (PostgreSQL), or a Prober of
-        the table's newest id (MySQL, which has no NOTIFY). Each holds a connection of its own."""
+    @property
+    def polls(self) -> bool:
+        """Whether idle workers poll instead of waiting on LISTEN: behind a transaction pooler
+        (PgBouncer) a LISTEN lands on whichever server connection is free, which hands it to
+        another client after the statement, so without a direct `listen_url` no wake-up comes."""
+        return self.db.pooled and self.db.listen_url is None
+
+    def waker(self) -> Waker | None:
+        """What an idle `bgq work` waits on: the LISTEN connection (PostgreSQL; on `listen_url`
+        when set), or a Prober of the table's newest id (MySQL, which has no NOTIFY). Each holds
+        a connection of its own. None when it `polls`."""
         if self.db.dialect.name == "postgres":
-            return Listener(self.db, self.table)
+            return None if self.polls else Listener(self.db, self.table)
         return Prober(self.db, self.table)
 
     def promote_waiting(self, conn: Connection, now: dt.datetime | None = None) -> list[JobRef]:
@@ -1103,18 +1112,18 @@ class Listener:
     """A dedicated autocommit PostgreSQL connection that LISTENs on the table's channel.
 
     The jobs table's statement-level insert trigger (schema.sql) and released jobs
-    ({table}_finish_results) NOTIFY that channel; `wait()` returns as soon as one arrives.
+    ({table}_finish_results) NOTIFY that channel; `wait()` returns as soon as one arrives. The
+    connection is not the engine's: it goes to the Database's `listen_url` when set (a direct
+    one, the engine's URL leading to a transaction pooler), and needs no session settings.
     """
 
     def __init__(self, db: Database, table: str) -> None:
-        raw = db.engine.raw_connection()
-        driver = raw.driver_connection
-        assert driver is not None  # a fresh raw connection holds its driver connection
-        self._conn: Any = driver
-        raw.detach()  # this connection never goes back to the pool
-        self._conn.rollback()
-        self._conn.autocommit = True
-        self._conn.execute(f'LISTEN "{table}"')
+        self._conn: Any = db.listener_connect()
+        try:
+            self._conn.execute(f'LISTEN "{table}"')
+        except Exception as exc:
+            self.close()
+            raise db.translate(exc) from exc
 
     def wait(self, timeout: float) -> bool:
         """Block up to `timeout` seconds for a notification; True if one came (all are drained)."""

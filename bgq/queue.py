@@ -77,6 +77,12 @@ class Queue:
                                    PROCESSING jobs are reaped (30; 0 = off; more than 2 x the interval)
       log_format                   "text" or "json" (one JSON object per line): what the CLI logs in
                                    when --log-format is not given (bgq/logfmt.py)
+      pooled                       PostgreSQL: database_url leads to a transaction-pooling PgBouncer:
+                                   no session state, no prepared statements (default $BGQ_POOLED, else
+                                   False; docs/scale-out/pgbouncer.md)
+      listen_url                   PostgreSQL: a direct URL (not through a pooler) for the LISTEN of idle
+                                   `bgq work` processes (default $BGQ_LISTEN_URL; pooled without it: they
+                                   poll, up to --poll seconds apart)
     """
 
     def __init__(self, **options: Any) -> None:

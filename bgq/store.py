@@ -17,11 +17,17 @@ class Store:
     def __init__(self, config: Config) -> None:
         """Checks `database_url` (it parses and names MySQL/MariaDB or PostgreSQL: a ConfigError
         when the Queue is built, not at its first publish); connects only on first use."""
-        if config.database_url is not None:
+        urls = {"database_url": config.database_url, "listen_url": config.listen_url}
+        for option, url in urls.items():
+            if url is None:
+                continue
             try:
-                normalise_url(config.database_url)
+                backend = normalise_url(url).get_backend_name()
             except DatabaseError as exc:
-                raise ConfigError(f'Option "database_url": {exc}') from None
+                raise ConfigError(f'Option "{option}": {exc}') from None
+            if backend != "postgresql" and (option == "listen_url" or config.pooled):
+                which = "listen_url" if option == "listen_url" else "pooled"
+                raise ConfigError(f'Option "{which}" is for PostgreSQL only (LISTEN, PgBouncer).')
         self.config = config
         self._db: Database | None = None
         self._procs: Procs | None = None
@@ -42,7 +48,9 @@ class Store:
                 self._db = Database(embedded_url(cfg.data_dir), cfg.logger, cfg.lock_timeout)
                 install(self._db, cfg.table_name)  # the embedded database is bgq's own
             else:
-                self._db = Database(url, cfg.logger, cfg.lock_timeout)
+                self._db = Database(
+                    url, cfg.logger, cfg.lock_timeout, pooled=cfg.pooled, listen_url=cfg.listen_url
+                )
         return self._db
 
     @property

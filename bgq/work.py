@@ -30,7 +30,8 @@ give-backs, backpressure):
 - Backpressure: no claim while `batch_max` results wait to be written. An exception out of one
   write on the writer thread is logged at CRITICAL and the writer goes on (the batch's jobs stay
   PROCESSING for the reaper); one job's failing follow-up costs no other job its own.
-- Idle: PostgreSQL waits on LISTEN (the insert trigger and released jobs NOTIFY). MySQL has no
+- Idle: PostgreSQL waits on LISTEN (the insert trigger and released jobs NOTIFY; behind a
+  transaction pooler on the queue's `listen_url`, and without one it polls). MySQL has no
   NOTIFY: its waker reads the table's newest id every few milliseconds (procs.Prober) and ends
   the wait when it moved. Either way claims start POLL_MIN seconds apart and double up to `poll`
   while they find nothing (jobs due by time, and candidates another worker took first, send no
@@ -164,6 +165,12 @@ class _Worker:
 
     def _loop(self) -> None:
         waker = None if self.limit is not None else self.store.procs.waker()
+        if self.limit is None and self.store.procs.polls:
+            self.log.warning(
+                "bgq: pooled (behind PgBouncer) without listen_url: idle workers poll for new jobs "
+                f"(up to {self.poll:g} s apart) instead of waiting on LISTEN; set listen_url "
+                "(BGQ_LISTEN_URL) to a direct PostgreSQL URL for wake-ups."
+            )
         self.pipeline.start()
         idle = POLL_MIN
         empty = 0

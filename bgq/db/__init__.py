@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 from ..errors import (
     BgqError,
+    ConfigError,
     ConnectionLostError,
     DatabaseError,
     DatabaseUnavailableError,
@@ -136,6 +137,14 @@ class Database:
     this engine waits at most that long for a lock, and the server ends it once it has been idle
     inside a transaction that long (MariaDB `idle_transaction_timeout`, PostgreSQL
     `idle_in_transaction_session_timeout`; MySQL 8 has no such setting, see bgq/db/mysql.py).
+
+    `pooled` (PostgreSQL): `url` leads to a transaction-pooling PgBouncer, which hands each
+    transaction whichever server connection is free, so bgq keeps no state in a session: no
+    session `SET` (lock_timeout and the idle-in-transaction bound are set with `SET LOCAL` at the
+    start of each transaction instead; an idle transaction is the pooler's to cut, its
+    `idle_transaction_timeout`), no server-side prepared statement (psycopg's
+    `prepare_threshold=None`; `send` uses unnamed statements). `listen_url`: a direct URL (not
+    through the pooler) for the LISTEN connection of idle `bgq work` processes (`listener_connect`).
     """
 
     def __init__(
@@ -143,10 +152,17 @@ class Database:
         url: str,
         logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None,
         lock_timeout: int = LOCK_TIMEOUT,
+        *,
+        pooled: bool = False,
+        listen_url: str | None = None,
     ) -> None:
         self.url = normalise_url(url)
         self.log = logger or logging.getLogger("bgq")
         self.dialect = dialect_for(self.url)
+        if pooled and self.dialect.name != "postgres":
+            raise ConfigError('Option "pooled" is for PostgreSQL behind a transaction pooler (PgBouncer).')
+        self.pooled = pooled
+        self.listen_url = normalise_url(listen_url) if listen_url else None
         # READ COMMITTED on both dialects: after a procedure takes a group lock, its reads see the
         # latest committed rows (MySQL's REPEATABLE READ would keep an older snapshot). The
         # setting lives on bgq's own engine, never on the application's.
@@ -156,13 +172,18 @@ class Database:
             pool_pre_ping=True,
             pool_size=POOL_SIZE,
             max_overflow=MAX_OVERFLOW,
+            # Behind a transaction pooler a statement prepared on one server connection is
+            # unknown on the next one: psycopg then prepares nothing (PgBouncer 1.18 routes none).
+            connect_args={"prepare_threshold": None} if self.pooled else {},
         )
         _check_url_options(self.engine)
         event.listen(self.engine, "handle_error", self._on_error)
         # The driver's own base exception: raw cursors (install-procs' DDL) raise it unwrapped.
         self.driver_error: type[Exception] = self.engine.dialect.loaded_dbapi.Error
         self.lock_timeout = lock_timeout
-        if lock_timeout:
+        if lock_timeout and self.pooled:
+            event.listen(self.engine, "begin", self._on_begin)
+        elif lock_timeout:
             event.listen(self.engine, "connect", self._on_connect)
         self._local = threading.local()
         self.alone = Alone(self, POOL_SIZE + MAX_OVERFLOW, POOL_SIZE)
@@ -176,6 +197,11 @@ class Database:
         finally:
             cursor.close()
         dbapi_connection.commit()  # PostgreSQL: a SET inside a rolled-back transaction is undone
+
+    def _on_begin(self, conn: Connection) -> None:
+        """Pooled mode: the bounds of `_on_connect`, for this transaction only (SET LOCAL), in the
+        transaction's first statement; the server connection forgets them at COMMIT/ROLLBACK."""
+        conn.exec_driver_sql(self.dialect.transaction_sql(self.lock_timeout))
 
     def _on_error(self, context: Any) -> None:
         """A lost connection (found by the pre-ping or mid-statement) is replaced; say so loudly.
@@ -215,7 +241,12 @@ class Database:
         checking one out of the pool (and pinging it) each time.
         """
         conn = getattr(self._local, "conn", None)
+        outer = getattr(self._local, "outer", None)
         try:
+            if outer is not None:
+                with outer.begin_nested():
+                    yield outer
+                return
             if conn is None:
                 with self.engine.begin() as conn:
                     yield conn
@@ -225,6 +256,24 @@ class Database:
                 conn = self._local.conn = self.engine.connect()
             with conn.begin():
                 yield conn
+        except (sa.exc.DBAPIError, self.driver_error) as exc:
+            raise self.translate(exc) from exc
+
+    @contextmanager
+    def one_transaction(self) -> Iterator[Connection]:
+        """Run every `transaction()` of this thread inside one transaction until the block ends,
+        each as a savepoint of it (install-procs on PostgreSQL, whose DDL is transactional: its
+        install lock is then transaction-scoped, pg_advisory_xact_lock). COMMIT at the end,
+        ROLLBACK of everything on an error."""
+        if getattr(self._local, "outer", None) is not None:
+            raise RuntimeError("one_transaction() does not nest")
+        try:
+            with self.engine.begin() as conn:
+                self._local.outer = conn
+                try:
+                    yield conn
+                finally:
+                    self._local.outer = None
         except (sa.exc.DBAPIError, self.driver_error) as exc:
             raise self.translate(exc) from exc
 
@@ -283,6 +332,18 @@ class Database:
         meanwhile, validates its next batch). The errors are execute_alone's, raised here or by
         `rows()`."""
         return self.alone.send(sql, values)
+
+    def listener_connect(self) -> Any:
+        """A new psycopg connection in autocommit mode for LISTEN: to `listen_url` when set, else
+        to `url` (PostgreSQL only; the caller closes it). Never from the engine's pool."""
+        url = self.listen_url or self.url
+        args, kwargs = self.engine.dialect.create_connect_args(url)
+        import psycopg
+
+        try:
+            return psycopg.connect(*args, **{**kwargs, "autocommit": True})
+        except psycopg.Error as exc:
+            raise self.translate(exc) from exc
 
     def dispose(self) -> None:
         self.alone.close()

@@ -1,8 +1,9 @@
 """PostgreSQL for asyncio applications (`publish_async`): psycopg's AsyncConnection, one per event loop.
 
 Each event loop that publishes gets one autocommit connection, opened on first use with the
-same connect arguments and session settings (lock_timeout) as bgq's engine, kept for the
-loop's next calls and replaced when it is found closed or broken. psycopg serialises the
+same connect arguments and session settings (lock_timeout; none in pooled mode, where each
+INSERT is a transaction of its own) as bgq's engine, kept for the loop's next calls and
+replaced when it is found closed or broken. psycopg serialises the
 statements of concurrent tasks on one connection, and each INSERT commits on its own, so many
 concurrent `publish_async` calls from one loop are safe (they queue on that connection: one
 round trip each). A connection idle longer than PING_AFTER seconds is pinged before it is
@@ -78,8 +79,10 @@ class AsyncPostgres:
         database = self.database
         args, kwargs = database.engine.dialect.create_connect_args(database.url)
         try:
+            if database.pooled:  # behind a transaction pooler: no session state (bgq/db/__init__.py)
+                kwargs = {**kwargs, "prepare_threshold": None}
             conn = await psycopg.AsyncConnection.connect(*args, **{**kwargs, "autocommit": True})
-            if database.lock_timeout:
+            if database.lock_timeout and not database.pooled:
                 for statement in database.dialect.session_sql(conn, database.lock_timeout):
                     await conn.execute(statement)
         except psycopg.Error as exc:

@@ -26,12 +26,16 @@ class InstallLockSql:
     """The statements of the install lock (bgq/migrate.py install_lock), each run in autocommit
     mode with the parameters %(table)s (the jobs table), %(holder)s (this install's own token)
     and %(lease)s (seconds): `setup` once, then `take` until its last statement returns true,
-    `refresh` (if any) every lease / 6 while the install runs, `release` at the end."""
+    `refresh` (if any) every lease / 6 while the install runs, `release` at the end.
+    `in_transaction`: the lock belongs to a transaction instead (PostgreSQL: the whole install
+    runs in one, Database.one_transaction, and its COMMIT or ROLLBACK ends the lock, so no
+    session keeps it, a pooled one included): `take` runs inside it and nothing is released."""
 
     setup: tuple[str, ...]
     take: tuple[str, ...]
     release: str
     refresh: str | None = None
+    in_transaction: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,10 @@ class Dialect(Protocol):
     def session_sql(self, dbapi_connection: Any, seconds: int) -> list[str]:
         """Statements run on each new connection of bgq's engine: lock waits end after `seconds`,
         and the server cuts a session left idle inside a transaction for `seconds`."""
+
+    def transaction_sql(self, seconds: int) -> str:
+        """One statement that sets session_sql's bounds for the current transaction only
+        (PostgreSQL's pooled mode, bgq/db/__init__.py)."""
 
     def table_exists_sql(self) -> str:
         """A COUNT of the tables named %s in the current database (MySQL) or schema (PostgreSQL)."""

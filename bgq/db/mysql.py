@@ -184,6 +184,9 @@ class MySQLDialect:
             " WHERE table_schema = DATABASE() AND table_name = %s"
         )
 
+    def transaction_sql(self, seconds: int) -> str:
+        raise NotImplementedError("bgq has no pooled mode on MySQL")
+
     def install_lock_sql(self) -> InstallLockSql:
         """A lock row in `bgq_install_lock` (one per jobs table of the database), not GET_LOCK:
         GET_LOCK holds on one server only, and on a Galera cluster two installs on two nodes

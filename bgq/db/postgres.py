@@ -132,6 +132,15 @@ class PostgresDialect:
         ms = int(seconds) * 1000
         return [f"SET lock_timeout = {ms}", f"SET idle_in_transaction_session_timeout = {ms}"]
 
+    def transaction_sql(self, seconds: int) -> str:
+        """session_sql's bounds for the current transaction only (set_config(..., true) is SET
+        LOCAL), in one statement: what a transaction pooler's server connection may carry."""
+        ms = int(seconds) * 1000
+        return (
+            f"SELECT set_config('lock_timeout', '{ms}', true),"
+            f" set_config('idle_in_transaction_session_timeout', '{ms}', true)"
+        )
+
     def keep_autocommit(self, dbapi_connection: Any) -> int:
         dbapi_connection.rollback()  # the pool hands connections over idle: make sure of it
         dbapi_connection.autocommit = True
@@ -184,13 +193,13 @@ class PostgresDialect:
         )
 
     def install_lock_sql(self) -> InstallLockSql:
-        """A session advisory lock, per database: the pair of int4 keys is (a constant for "bgq
-        install", the table's hash); a collision only makes two installs wait for each other."""
+        """A transaction-scoped advisory lock (released by the COMMIT or ROLLBACK of install-procs'
+        one transaction, so no session keeps it, whatever pooler is in between), per database:
+        the pair of int4 keys is (a constant for "bgq install", the table's hash); a collision
+        only makes two installs wait for each other."""
         keys = "hashtext('bgq install'), hashtext(lower(%(table)s))"  # one table, whatever the case
         return InstallLockSql(
-            setup=(),
-            take=(f"SELECT pg_try_advisory_lock({keys})",),
-            release=f"SELECT pg_advisory_unlock({keys})",
+            setup=(), take=(f"SELECT pg_try_advisory_xact_lock({keys})",), release="", in_transaction=True
         )
 
 

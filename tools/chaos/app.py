@@ -10,6 +10,9 @@ Configured by environment variables the harness sets for each run:
   BGQ_CHAOS_BACKOFF  stalled_job_backoff in seconds (default 0: a reaped job may run again at once)
   BGQ_CHAOS_AMQP     if set, broker mode on this AMQP URL (a cluster: several, separated by spaces)
   BGQ_CHAOS_QUEUE_TYPE  broker mode: "quorum" declares every queue a quorum queue (default: classic)
+  BGQ_CHAOS_LISTEN_URL  the queue's listen_url: a direct URL for idle workers' LISTEN (when
+                     BGQ_CHAOS_URL leads to a pooler)
+  BGQ_CHAOS_POOLED   1: the queue's pooled option (BGQ_CHAOS_URL leads to a transaction pooler)
 
 The one callback, `chaos(token, group, sleep_ms)`, appends `token start pid monotonic_ns wall` to its
 process's ledger file, sleeps, and appends the same line with `end`. Each line is one write(2) on an
@@ -77,4 +80,6 @@ def queue() -> Queue:
         heartbeat_interval=1,
         lost_message_timeout=int(os.environ.get("BGQ_CHAOS_LOST", "8")),
         producer=producer,
+        pooled=os.environ.get("BGQ_CHAOS_POOLED", "") == "1",
+        listen_url=os.environ.get("BGQ_CHAOS_LISTEN_URL") or None,
     )
