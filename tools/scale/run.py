@@ -13,7 +13,8 @@ packages when missing), run
 then stop everything it started, also after a failure or Ctrl-C.
 
 Presets:
-  ci    a few minutes per topology: 1,500 jobs, 4 workers, one topology fault per run, at most
+  ci    a few minutes per topology: 4,000 jobs (at 1,500 a work run ended before its failover),
+        4 workers, one topology fault per run, at most
         two modes; the reduced run of .ci/run. Prints the tables; writes nothing unless --out.
   full  6,000 jobs, 6 workers, three topology faults per run, every mode, 10,000 jobs in the
         throughput pair; writes docs/scale-out.md.
@@ -56,7 +57,7 @@ TOPOLOGIES = {
 }
 PRESETS: dict[str, dict[str, object]] = {
     "ci": dict(
-        jobs=1500, groups=20, ungrouped_share=0.1, workers=4, seconds=150.0, stalled_timeout=8,
+        jobs=4000, groups=20, ungrouped_share=0.1, workers=4, seconds=150.0, stalled_timeout=8,
         kill_every=8.0, stop_every=30.0, dbkill_every=0.0, broker_restarts=0, drain=60.0,
         lost_timeout=15, topology_faults=1, topology_first=5.0, throughput_jobs=3000, max_modes=2,
         out=None,
