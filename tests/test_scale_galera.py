@@ -483,3 +483,67 @@ def test_workers_on_three_nodes_never_overlap_inside_a_group(cluster):
         with admin.begin() as conn:
             conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {database}")
         admin.dispose()
+
+
+def test_a_plain_mariadb_session_needs_no_causal_sync():
+    """wsrep_on is 0 on the machine's single MariaDB: no extra statement in bgq's transactions."""
+    db = Database(MYSQL_URL)
+    try:
+        sent: list[str] = []
+        sa.event.listen(db.engine, "before_cursor_execute", lambda *a: sent.append(a[2]))
+        with db.transaction() as conn:
+            conn.exec_driver_sql("SELECT 2")
+        assert sent == ["SELECT 2"]
+    finally:
+        db.dispose()
+
+
+@pytest.mark.slow
+def test_a_result_written_on_another_node_right_after_the_claim_is_never_dropped(cluster):
+    """The claim commits on node 1; the result is written at once on node 2 (as haproxy may put
+    two transactions of one worker on two nodes). Node 2 applies node 1's commits after they
+    return, so without a causal wait its finish could read the job as not yet claimed and
+    drop the result as "taken over" (the job would run again after the reaper's timeout).
+    bgq's Galera sessions wait (wsrep_sync_wait = 1, and each transaction opens with a SELECT)."""
+    database = f"bgqt_galera_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(cluster.admin_url())
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {database}")
+    table = "jobs"
+    one, two = (Database(url) for url in cluster.node_urls(database)[:2])
+    try:
+        install(one, table)
+        sent: list[str] = []
+        sa.event.listen(two.engine, "before_cursor_execute", lambda *a: sent.append(a[2]))
+        with two.transaction() as conn:
+            assert conn.exec_driver_sql("SELECT @@SESSION.wsrep_sync_wait").scalar_one() == 1
+        assert sent[0] == "SELECT 1"  # the transaction's first statement is the causal wait
+        p1, p2 = Procs(one, table), Procs(two, table)
+        from bgq.model import NewJob
+
+        time.sleep(1)  # the install applied on every node
+        dropped = []
+        for n in range(200):
+            with one.transaction() as conn:
+                job = NewJob(
+                    queue=QUEUE, priority=1, callback_name="cb", parameters_json="[]", parameters=None,
+                    serial_group=None, coalesce_threshold=None, identifier=None, mode="normal",
+                    postponed_by=None, processed_by_broker=False,
+                )  # fmt: skip
+                p1.insert(conn, job)
+            got = retry.in_transaction(
+                one, lambda c: p1.claim_batch(c, QUEUE, 1, PID, None, None, WAITING_MS)
+            )
+            assert len(got) == 1, f"round {n}: the job was not claimed on node 1"
+            (claimed_job,) = got
+            result = JobResult(claimed_job.id, claimed_job.claim.attempt or 0, 3)
+            written = retry.in_transaction(two, lambda c, r=result: p2.finish_batch(c, [r]))
+            if not written.get(claimed_job.id):
+                dropped.append(claimed_job.id)
+        assert dropped == []
+    finally:
+        one.dispose()
+        two.dispose()
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {database}")
+        admin.dispose()

@@ -185,6 +185,9 @@ class Database:
             event.listen(self.engine, "begin", self._on_begin)
         elif lock_timeout:
             event.listen(self.engine, "connect", self._on_connect)
+        if self.dialect.name == "mysql":  # Galera: read what the cluster committed (causal_sync)
+            event.listen(self.engine, "connect", self._on_connect_causal)
+            event.listen(self.engine, "begin", self._on_begin_causal)
         self._local = threading.local()
         self.alone = Alone(self, POOL_SIZE + MAX_OVERFLOW, POOL_SIZE)
 
@@ -197,6 +200,19 @@ class Database:
         finally:
             cursor.close()
         dbapi_connection.commit()  # PostgreSQL: a SET inside a rolled-back transaction is undone
+
+    def _on_connect_causal(self, dbapi_connection: Any, record: Any) -> None:
+        """Remember on the connection the statement that opens its transactions (Galera)."""
+        statement = self.dialect.causal_sync(dbapi_connection)
+        if statement:
+            record.info["bgq_causal_sync"] = statement
+
+    def _on_begin_causal(self, conn: Connection) -> None:
+        """Galera: the transaction's first statement waits until this node has applied every
+        commit the cluster certified before it (bgq/db/mysql.py `causal_sync`)."""
+        statement = conn.info.get("bgq_causal_sync")
+        if statement:
+            conn.exec_driver_sql(statement)
 
     def _on_begin(self, conn: Connection) -> None:
         """Pooled mode: the bounds of `_on_connect`, for this transaction only (SET LOCAL), in the

@@ -81,6 +81,12 @@ class Dialect(Protocol):
         """One statement that sets session_sql's bounds for the current transaction only
         (PostgreSQL's pooled mode, bgq/db/__init__.py)."""
 
+    def causal_sync(self, dbapi_connection: Any) -> str | None:
+        """On a cluster whose nodes apply each other's commits after they return (Galera), set up
+        a new connection so that the returned statement, run first in each transaction, waits
+        until this node has applied every commit the cluster certified before it; None where
+        every read already sees every commit (one server, a PostgreSQL primary)."""
+
     def table_exists_sql(self) -> str:
         """A COUNT of the tables named %s in the current database (MySQL) or schema (PostgreSQL)."""
 

@@ -157,6 +157,30 @@ class MySQLDialect:
             statements.append(f"SET SESSION idle_transaction_timeout = {int(seconds)}")
         return statements
 
+    def causal_sync(self, dbapi_connection: Any) -> str | None:
+        """Galera (wsrep_on): a commit returns once the cluster has certified it, but the other
+        nodes apply it a little later, so a transaction that haproxy (or a pool) puts on another
+        node may read the rows as they were before it: a worker's result write would find its own
+        claim missing and drop the result as "taken over", and the job would run again after the
+        reaper's timeout. `wsrep_sync_wait = 1` makes a SELECT that opens a transaction wait
+        until the node has applied everything certified before it (a CALL never waits, so bgq
+        sends `SELECT 1` first). A plain server says wsrep_on = 0; MySQL 8 has no such variable
+        (Percona XtraDB Cluster has both, as MariaDB)."""
+        cursor = dbapi_connection.cursor()
+        try:
+            try:
+                cursor.execute("SELECT @@wsrep_on")
+                row = cursor.fetchone()
+            except pymysql.err.MySQLError:  # 1193 unknown system variable: not a Galera build
+                row = None
+            on = row is not None and str(row[0]).upper() in ("1", "ON")
+            if on:
+                cursor.execute("SET SESSION wsrep_sync_wait = 1")
+        finally:
+            cursor.close()
+        dbapi_connection.commit()  # the SELECT opened a transaction: the first one must be ours
+        return "SELECT 1" if on else None
+
     def keep_autocommit(self, dbapi_connection: Any) -> int:
         dbapi_connection.autocommit(True)
         return int(dbapi_connection._sock.fileno())  # PyMySQL has no public accessor

@@ -141,6 +141,10 @@ class PostgresDialect:
             f" set_config('idle_in_transaction_session_timeout', '{ms}', true)"
         )
 
+    def causal_sync(self, dbapi_connection: Any) -> str | None:
+        """None: a primary's reads see every commit (a standby is read-only for bgq)."""
+        return None
+
     def keep_autocommit(self, dbapi_connection: Any) -> int:
         dbapi_connection.rollback()  # the pool hands connections over idle: make sure of it
         dbapi_connection.autocommit = True
