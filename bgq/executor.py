@@ -21,7 +21,12 @@ from .sender import Sender
 from .store import Store
 
 T = TypeVar("T")
-PERSIST_PAUSES = (0.0, 0.05, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0)  # s before each try of a result write
+#: Seconds before each try of a result write: fast at first (a cut session or a deadlock is cured
+#: at once), then every second for about 15 s in all. Never longer than a second apart: the
+#: job's group waits for this result, and a database that serves again (a failover, a cluster
+#: node dropped from the view) should get it within a second, before the reaper's
+#: stalled_job_timeout takes the job back and runs it a second time.
+PERSIST_PAUSES = (0.0, 0.05, 0.2, 0.5) + (1.0,) * 15
 CLAIM_TRIES = 5  # a deadlock or lock-wait timeout in the claim is retried this many times
 PAUSED_RETRY_MS = 5000  # broker mode: a paused job's message is sent back, due again after this
 
