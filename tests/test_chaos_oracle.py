@@ -255,6 +255,20 @@ def test_recovery_measures_every_busy_unit_from_the_topology_serving_again() -> 
     assert rec.back_s == pytest.approx(2.0)
 
 
+def test_recovery_from_the_fault_counts_a_cluster_node_kill_from_the_kill_itself() -> None:
+    """A cluster that serves on its other nodes (Galera, RabbitMQ): the workers must be back
+    within the bound of the kill, however long the killed node takes to rejoin (its `_done`)."""
+    units = {100: "work0", 101: "work1"}
+    events = run(0, 100, 1.0, 1.1) + run(1, 101, 1.5, 1.6) + run(2, 100, 2.5, 2.6) + run(3, 101, 5.0, 5.1)
+    faults = [fault("mq_node_kill", 2.0), fault("mq_node_kill_done", 30.0)]
+    (rec,) = oracle.recovery(events, faults, units, ("mq_node_kill",), from_fault=True)
+    assert (rec.units, rec.missing, rec.served_s) == (2, (), pytest.approx(28.0))
+    assert rec.back_s == pytest.approx(3.0)  # work1 at 5.0, 3 s after the kill
+    # Counted from the rejoin, nobody started after it: the figure that hid a slow failover.
+    (rec,) = oracle.recovery(events, faults, units, ("mq_node_kill",))
+    assert rec.back_s is None
+
+
 def test_recovery_names_a_busy_unit_that_never_came_back_while_others_worked() -> None:
     units = {100: "work0", 101: "work1"}
     events = run(0, 100, 1.0, 1.1) + run(1, 101, 1.5, 1.6) + run(2, 100, 3.0, 3.1) + run(3, 100, 30.0, 30.1)

@@ -525,7 +525,7 @@ class Recovery:
     at_s: float  # the fault, in seconds after the first start
     served_s: float | None  # from the fault to its `<kind>_done` mark (the topology served again)
     first_end_s: float | None  # from the fault to the first job end after it, anywhere
-    back_s: float | None  # from `_done` until every unit busy before the fault started a job again
+    back_s: float | None  # from `_done` (or the fault) until every unit busy before it started a job again
     units: int  # how many units were busy in the BUSY_S before the fault
     missing: tuple[str, ...] = ()  # units busy before that never started a job again (jobs were left)
 
@@ -557,11 +557,17 @@ def _hit(faults: Sequence[Fault], after: int, pid_units: Mapping[int, str]) -> d
 
 
 def recovery(
-    events: Sequence[Event], faults: Sequence[Fault], pid_units: Mapping[int, str], kinds: Sequence[str]
+    events: Sequence[Event],
+    faults: Sequence[Fault],
+    pid_units: Mapping[int, str],
+    kinds: Sequence[str],
+    from_fault: bool = False,
 ) -> list[Recovery]:
     """Per topology fault of `kinds`: when the topology served again, when the first job ended
     after it, and when every worker unit (a supervised worker; its restarted pids and `-c N`
-    children belong to it) that was busy before the fault had started a job again. A unit is only
+    children belong to it) that was busy before the fault had started a job again, counted from
+    the fault's `_done` mark (the topology serves again), or with `from_fault` from the fault
+    itself (a cluster that keeps serving on its other nodes while one is down). A unit is only
     missed when jobs still started elsewhere more than BUSY_S after the fault was served. A unit
     the harness holds frozen (SIGSTOP) when the topology serves again, or freezes or kills before
     the unit took a job again, is not waited for: its return measures the harness's fault, not
@@ -577,7 +583,7 @@ def recovery(
         if f.kind not in kinds:
             continue
         done = next((g.ns for g in ordered[i + 1 :] if g.kind == f.kind + "_done"), None)
-        base = done if done is not None else f.ns
+        base = done if done is not None and not from_fault else f.ns
         busy = {u for ns, u in starts if f.ns - int(BUSY_S * 1e9) <= ns < f.ns}
         busy -= _held(ordered, base, pid_units)
         back: dict[str, int] = {}

@@ -246,11 +246,12 @@ def restart_broker(fleet: Fleet) -> None:
 
 def run_one(
     args: argparse.Namespace, mode: str, dialect: str, seed: int, topology: Topology | None = None,
-    faults_on: bool = True,
+    faults_on: bool = True, admin: str | None = None,
 ) -> report.RunResult:  # fmt: skip
     """One run. `topology` (tools/scale/): the workers connect through it, the harness administers
     through its current writable node, and its faults join the schedule. `faults_on` False: a
-    fault-free run (a throughput figure; it is not failed for having no fault)."""
+    fault-free run (a throughput figure; it is not failed for having no fault). `admin`, without
+    a topology: another single server's admin URL (default: the machine's)."""
     sizes = {k: v for k, v in MODE_SIZES.get(args.preset, {}).get(mode, {}).items() if k not in args.explicit}
     args = argparse.Namespace(**{**vars(args), **sizes})
     rng = random.Random(seed)
@@ -259,7 +260,7 @@ def run_one(
     where = f"{topology.name}-" if topology is not None else ""
     run_dir = Path(tempfile.mkdtemp(prefix=f"bgqchaos-{where}{mode}-{dialect}-"))
     (run_dir / "ledger").mkdir()
-    server = admin_server(dialect, topology)
+    server = services.Server(dialect, topology.admin_url() if topology is not None else admin)
     worker_url = topology.worker_url(database) if topology is not None else server.url_for(database)
     env = {k: v for k, v in os.environ.items() if not k.startswith("BGQ_")}
     env.update(
@@ -369,7 +370,13 @@ def judge(run_dir: Path, server: services.Server, database: str, table: str, job
     verdict = oracle.judge(
         jobs, events, fault_list, rows, oracle.parse_reaped(logs), run_end, torn, cluster_kinds=explaining
     )
-    recovery = oracle.recovery(events, fault_list, pid_units or {}, topology.fault_kinds) if topology else []
+    recovery = (
+        oracle.recovery(
+            events, fault_list, pid_units or {}, topology.fault_kinds, topology.recovery_from == "fault"
+        )
+        if topology
+        else []
+    )
     notes = {}
     for label, needle in LOG_NOTES:
         n = sum(text.count(needle) for text in logs)

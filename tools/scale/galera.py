@@ -17,7 +17,9 @@ its sessions shut (`on-marked-down shutdown-sessions`), so no worker keeps talki
 The fault "node_kill": SIGKILL one node (in turn) under load, then restart it: its position is
 recovered from InnoDB (`--wsrep-recover`) and given as `wsrep_start_position`, so it rejoins by
 IST from a donor's gcache (an SST by rsync when the gcache no longer has it), and "node_kill_done"
-is recorded once it is Synced again and haproxy's check takes it back.
+is recorded once it is Synced again and haproxy's check takes it back. A node that is not Synced
+IST_SECONDS after its restart (it exited, or its transfer stalled) is killed again and rejoins by
+a full SST; the fault's line in the run log says so, with the node's log.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tools.scale.topology import FaultSink, Topology, alive, fresh_dir, port_open, stop_pids, wait_until
+from tools.scale.topology import FaultSink, Gone, Topology, alive, fresh_dir, port_open, stop_pids, wait_until
 
 PROVIDER = "/usr/lib/galera/libgalera_smm.so"
 MYSQLD_PORTS = (33061, 33062, 33063)
@@ -41,6 +43,9 @@ HAPROXY_PORT = 33060
 HAPROXY_STATS_PORT = 33069
 #: How long a node may take to start, to join (SST included) and to become Synced.
 JOIN_SECONDS = 120.0
+#: How long a restarted node may take to rejoin by IST before it is killed again and made to
+#: rejoin by a full SST (what an operator does with a node whose IST went wrong).
+IST_SECONDS = 60.0
 
 #: The EVS timeouts: a SIGKILLed node's TCP connections reset at once, but the group only drops
 #: it after evs.suspect_timeout (default 5 s); until then commits wait for it. Only that one is
@@ -66,7 +71,10 @@ class Galera(Topology):
     modes = ("work", "cron", "broker")
     fault_kinds = ("node_kill",)
     may_rerun = False  # a commit is certified on every node before it returns: none is undone
-    recovery_bound_s = 20.0  # the EVS timeouts above, then haproxy's checks (1 s, rise 2)
+    # The two other nodes keep serving: counted from the kill, workers are back once haproxy's
+    # check dropped the dead node (1 s) and the group dropped it from its view (suspect_timeout 3 s).
+    recovery_from = "fault"
+    recovery_bound_s = 10.0
     packages = ("galera-4", "mariadb-server", "rsync", "haproxy", "socat")
 
     def __init__(self, workdir: Path) -> None:
@@ -120,7 +128,10 @@ class Galera(Topology):
         i = self.kills % 3
         self.kills += 1
         pid = self.node_pids[i]
-        os.kill(pid, signal.SIGKILL)
+        # The node's whole process group (it leads its own session): mariadbd and any SST script
+        # or rsync daemon it started die with it, as on a host that crashed; an rsync left behind
+        # would hold the node's SST port for its next join.
+        os.killpg(pid, signal.SIGKILL)
         faults.add("node_kill", pid=pid, detail=f"node {i + 1} (port {MYSQLD_PORTS[i]})")
         started = time.monotonic()
         with contextlib.suppress(ChildProcessError):
@@ -136,21 +147,44 @@ class Galera(Topology):
             30,
             0.2,
         )
-        self._restart(i)
+        retried = self._rejoin(i)
         # Taking work again: Synced, and haproxy's check (1 s, rise 2) has it up again.
-        self._wait_synced(i)
         wait_until(f"haproxy up on node {i + 1}", lambda: self._haproxy_up(i), 15)
         faults.add("node_kill_done", pid=self.node_pids[i], detail=f"node {i + 1} Synced")
-        how = self._join_kind(i)
+        how = self._join_kind(i) + (f" ({retried})" if retried else "")
         took = time.monotonic() - started
         return f"galera: SIGKILL node {i + 1} (pid {pid}); rejoined by {how}, Synced after {took:.1f} s"
 
     def heal(self) -> None:
         for i in range(3):
             if i not in self.node_pids:
-                self._restart(i)
+                self._rejoin(i)
         for i in range(3):
             self._wait_synced(i)
+
+    def _rejoin(self, i: int) -> str:
+        """Restart node `i` after its death and wait until it is Synced: by IST from its recovered
+        position; when that does not make it Synced within IST_SECONDS (its process exited, or
+        the transfer stalled), kill it again and rejoin by a full SST (its grastate.dat goes, so
+        the donor sends every file). Returns what it had to do beyond the IST ("" when nothing);
+        RuntimeError, with the node's log, when the SST does not make it Synced either."""
+        try:
+            started = time.monotonic()
+            self._restart(i, seconds=IST_SECONDS)
+            self._wait_synced(i, max(1.0, IST_SECONDS - (time.monotonic() - started)))
+            return ""
+        except RuntimeError as exc:
+            first = f"{exc}".splitlines()[0]
+            print(f"galera: node {i + 1} not Synced by IST ({first}); log:\n{self._log_tail(i)}", flush=True)
+        pid = self.node_pids.pop(i, None)
+        if pid is not None:
+            stop_pids([pid], grace=5.0)
+            with contextlib.suppress(ValueError):
+                self.pids.remove(pid)
+        (self._dir(i) / "data" / "grastate.dat").unlink(missing_ok=True)
+        self._restart(i, recover=False)
+        self._wait_synced(i)
+        return f"after an IST that did not finish in {IST_SECONDS:.0f} s: {first}"
 
     def versions(self) -> list[str]:
         out = []
@@ -224,7 +258,9 @@ class Galera(Topology):
             check=True, capture_output=True, timeout=120,
         )  # fmt: skip
 
-    def _start_node(self, i: int, bootstrap: bool = False, position: str | None = None) -> None:
+    def _start_node(
+        self, i: int, bootstrap: bool = False, position: str | None = None, seconds: float = JOIN_SECONDS
+    ) -> None:
         args = ["mariadbd", f"--defaults-file={self._cnf(i)}"]
         if bootstrap:
             args.append("--wsrep-new-cluster")
@@ -235,20 +271,28 @@ class Galera(Topology):
         log.close()
         self.pids.append(proc.pid)
         self.node_pids[i] = proc.pid
-        wait_until(f"galera node {i + 1} port {MYSQLD_PORTS[i]}", lambda: self._serving(i), JOIN_SECONDS, 0.3)
+        wait_until(f"galera node {i + 1} port {MYSQLD_PORTS[i]}", lambda: self._serving(i), seconds, 0.3)
 
     def _serving(self, i: int) -> bool:
         pid = self.node_pids.get(i)
         if pid is None or not alive(pid):
-            raise_log = (self._dir(i) / "error.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"galera: node {i + 1} exited:\n{raise_log}")
+            raise Gone(f"galera: node {i + 1} exited:\n{self._log_tail(i)}")
         return port_open(MYSQLD_PORTS[i])
 
-    def _restart(self, i: int) -> None:
-        """Start a node that died: its recovered position makes the join an IST when it can.
-        Its saved primary component (gvwstate.dat, pc.recovery) is the view it died in: it is
-        for a whole cluster that crashed, not for one node rejoining a running cluster, so it goes."""
+    def _log_tail(self, i: int, chars: int = 3000) -> str:
+        with contextlib.suppress(OSError):
+            return (self._dir(i) / "error.log").read_text(errors="replace")[-chars:]
+        return "(no error.log)"
+
+    def _restart(self, i: int, recover: bool = True, seconds: float = JOIN_SECONDS) -> None:
+        """Start a node that died: its recovered position makes the join an IST when it can
+        (`recover` False: no position, a full SST). Its saved primary component (gvwstate.dat,
+        pc.recovery) is the view it died in: it is for a whole cluster that crashed, not for
+        one node rejoining a running cluster, so it goes."""
         (self._dir(i) / "data" / "gvwstate.dat").unlink(missing_ok=True)
+        if not recover:
+            self._start_node(i)
+            return
         position = None
         out = subprocess.run(
             ["mariadbd", f"--defaults-file={self._cnf(i)}", "--wsrep-recover",
@@ -258,7 +302,7 @@ class Galera(Topology):
         found = re.findall(r"Recovered position: (\S+:-?\d+)", (self._dir(i) / "recover.log").read_text())
         if out.returncode == 0 and found:
             position = found[-1]
-        self._start_node(i, position=position)
+        self._start_node(i, position=position, seconds=seconds)
 
     def _grant(self, i: int) -> None:
         # root@localhost (no password) serves the socket and 'localhost'; TCP from 127.0.0.1 with
@@ -302,13 +346,20 @@ class Galera(Topology):
                 return i
         raise RuntimeError("galera: no node is Synced")
 
-    def _wait_synced(self, i: int) -> None:
-        wait_until(
-            f"galera node {i + 1} Synced",
-            lambda: self._serving(i) and self._state(i) == "Synced",
-            JOIN_SECONDS,
-            0.3,
-        )
+    def _wait_synced(self, i: int, seconds: float = JOIN_SECONDS) -> None:
+        try:
+            wait_until(
+                f"galera node {i + 1} Synced",
+                lambda: self._serving(i) and self._state(i) == "Synced",
+                seconds,
+                0.3,
+            )
+        except Gone:
+            raise
+        except RuntimeError as exc:  # still running, not Synced: say in which state, with its log
+            raise RuntimeError(
+                f"{exc} (state {self._state(i)!r}); node {i + 1} log:\n{self._log_tail(i)}"
+            ) from None
 
     def _join_kind(self, i: int) -> str:
         text = (self._dir(i) / "error.log").read_text(errors="replace")

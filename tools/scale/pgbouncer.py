@@ -1,9 +1,12 @@
-"""PgBouncer 1.18 in transaction pooling in front of the machine's PostgreSQL (127.0.0.1:5432).
+"""PgBouncer 1.18 in transaction pooling in front of a PostgreSQL 15 cluster of the topology's own.
 
-bgq's workers and publisher connect through PgBouncer (127.0.0.1:16432) in bgq's pooled mode
-(`pooled=True`: no session state, no prepared statements, docs/scale-out/pgbouncer.md), 10
-server connections for every client; the LISTEN of idle workers goes straight to PostgreSQL
-(BGQ_CHAOS_LISTEN_URL). Faults:
+The server is a private cluster (tools/scale/pgnode.py) on 127.0.0.1:16433 with max_connections
+300: the throughput pair runs 50 workers directly on it, then through PgBouncer, and 50 direct
+`bgq work` processes need more than the 100 connections of the machine's server on 5432 (an
+idle one holds 4: its LISTEN connection and 3 pooled ones). bgq's workers and publisher connect through
+PgBouncer (127.0.0.1:16432) in bgq's pooled mode (`pooled=True`: no session state, no prepared
+statements, docs/scale-out/pgbouncer.md), 10 server connections for every client; the LISTEN of
+idle workers goes straight to the server (BGQ_CHAOS_LISTEN_URL). Faults:
   pooler_restart   SIGKILL PgBouncer and start it again on the same port: every client connection
                    and every server connection is cut at once, in or out of a transaction.
   pooler_kill_db   the admin console's KILL of the run's database, then RESUME: every client and
@@ -22,21 +25,30 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+from tools.scale.pgnode import Node, prepare
 from tools.scale.topology import FaultSink, Topology, alive, port_open, stop_pids, wait_until
 
-#: The machine's PostgreSQL (never restarted or reconfigured here).
+#: The machine's PostgreSQL (never restarted or reconfigured here): the default server of a
+#: PgBouncer (the tests'); the topology fronts its own cluster on SERVER_PORT_OWN.
 SERVER_HOST, SERVER_PORT = "127.0.0.1", 5432
+SERVER_PORT_OWN = 16433
 #: The user bgq connects as (PostgreSQL trusts loopback; PgBouncer trusts its auth_file's users).
 USER = "postgres"
 PORT = 16432
 
 
-def config_text(workdir: Path, port: int, pool_size: int = 10, idle_transaction_timeout: int = 10) -> str:
+def config_text(
+    workdir: Path,
+    port: int,
+    pool_size: int = 10,
+    idle_transaction_timeout: int = 10,
+    server_port: int = SERVER_PORT,
+) -> str:
     """pgbouncer.ini for a transaction-pooling PgBouncer on 127.0.0.1:`port` in front of every
-    database of the machine's PostgreSQL."""
+    database of the PostgreSQL on `server_port` (default: the machine's)."""
     return f"""\
 [databases]
-* = host={SERVER_HOST} port={SERVER_PORT}
+* = host={SERVER_HOST} port={server_port}
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -71,7 +83,12 @@ class PgBouncer:
     """One PgBouncer process on loopback: config in `workdir`, started, killed, restarted by pid."""
 
     def __init__(
-        self, workdir: Path, port: int = PORT, pool_size: int = 10, idle_transaction_timeout: int = 10
+        self,
+        workdir: Path,
+        port: int = PORT,
+        pool_size: int = 10,
+        idle_transaction_timeout: int = 10,
+        server_port: int = SERVER_PORT,
     ):
         self.workdir, self.port = workdir, port
         self.pid: int | None = None
@@ -79,7 +96,7 @@ class PgBouncer:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "userlist.txt").write_text(f'"{USER}" ""\n')
         self.config = workdir / "pgbouncer.ini"
-        self.config.write_text(config_text(workdir, port, pool_size, idle_transaction_timeout))
+        self.config.write_text(config_text(workdir, port, pool_size, idle_transaction_timeout, server_port))
         if os.geteuid() == 0:  # the files must be PgBouncer's once it dropped to USER
             for path in (workdir, workdir / "userlist.txt", self.config):
                 os.chown(path, _uid(USER), -1)
@@ -153,10 +170,6 @@ def _uid(user: str) -> int:
     return pwd.getpwnam(user).pw_uid
 
 
-def direct_url(database: str) -> str:
-    return f"postgresql+psycopg://{USER}@{SERVER_HOST}:{SERVER_PORT}/{database}"
-
-
 class PgBouncerTopology(Topology):
     name = "pgbouncer"
     title = "PgBouncer 1.18, pool_mode = transaction, default_pool_size = 10, in front of PostgreSQL 15"
@@ -167,31 +180,42 @@ class PgBouncerTopology(Topology):
     #: PgBouncer cuts connections; it never undoes a commit: any re-run is unexplained.
     may_rerun = False
     recovery_bound_s: ClassVar[float | None] = 10.0
-    throughput_workers = 4
+    #: The issue's figure: 50 `bgq work` processes through a pool of 10 server connections.
+    throughput_workers = 50
     throughput_floor: ClassVar[float | None] = 0.8
 
     def __init__(self, workdir: Path) -> None:
         super().__init__(workdir)
-        self.bouncer = PgBouncer(workdir / "pgbouncer", PORT)
+        self.server = Node(workdir, "server", SERVER_PORT_OWN)
+        self.bouncer = PgBouncer(workdir / "pgbouncer", PORT, server_port=SERVER_PORT_OWN)
         self.database: str | None = None  # the run's database (pooler_kill_db), learnt from worker_url
 
     def start(self) -> None:
+        prepare(self.workdir)
+        self.server.initdb()
+        self.server.configure("max_connections = 300\nshared_buffers = 128MB\n")
+        self.pids.append(self.server.start())
         self.pids.append(self.bouncer.start())
 
     def stop(self) -> None:
         self.bouncer.stop()
+        with contextlib.suppress(Exception):
+            self.server.stop("fast")
         stop_pids(self.pids)
         self.pids.clear()
 
     def admin_url(self) -> str:
-        return direct_url("postgres")
+        return self.server.url("postgres")
+
+    def direct_admin_url(self) -> str:
+        return self.server.url("postgres")
 
     def worker_url(self, database: str) -> str:
         self.database = database
         return self.bouncer.url(database)
 
     def app_env(self, database: str) -> dict[str, str]:
-        return {"BGQ_CHAOS_LISTEN_URL": direct_url(database), "BGQ_CHAOS_POOLED": "1"}
+        return {"BGQ_CHAOS_LISTEN_URL": self.server.url(database), "BGQ_CHAOS_POOLED": "1"}
 
     def fault(self, kind: str, faults: FaultSink) -> str:
         if kind == "pooler_restart":
@@ -219,7 +243,7 @@ class PgBouncerTopology(Topology):
     def versions(self) -> list[str]:
         import psycopg
 
-        with psycopg.connect(host=SERVER_HOST, port=SERVER_PORT, user=USER, dbname="postgres") as conn:
+        with psycopg.connect(host=SERVER_HOST, port=SERVER_PORT_OWN, user=USER, dbname="postgres") as conn:
             row = conn.execute("SHOW server_version").fetchone()
         server = str(row[0]).split()[0] if row else "?"
         return [self.bouncer.version(), f"PostgreSQL {server}"]

@@ -51,6 +51,10 @@ class RabbitCluster(Topology):
     packages = ("rabbitmq-server",)
     #: A node kill never undoes a written result: the database is the single server.
     may_rerun: ClassVar[bool] = False
+    #: The two other nodes keep serving while one is down: consumers must be back within 10 s of
+    #: the kill (failing over to another node), not of the killed node's rejoin.
+    recovery_from: ClassVar[str] = "fault"
+    recovery_bound_s: ClassVar[float | None] = 10.0
 
     def __init__(self, workdir: Path) -> None:
         super().__init__(workdir)

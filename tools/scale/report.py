@@ -110,7 +110,10 @@ every run with the chaos oracle, which reads only the callbacks' own ledger
 Columns: *faults* are the harness's SIGKILLs / SIGSTOPs / session cuts, then the topology's own;
 *recovery*, per topology fault: seconds until the topology served again (e.g. the standby promoted,
 the killed node synced), until the first job ended anywhere, and until every worker that was busy
-in the 10 s before the fault had started a job again (the bound is 10 s). *classified re-runs*:
+in the 10 s before the fault had started a job again: counted from the moment the topology
+served again (PgBouncer, the standbys), or from the fault itself where the cluster keeps serving
+on its other nodes (Galera, RabbitMQ: the workers must fail over, not wait for the node). The
+bound is 10 s. *classified re-runs*:
 second runs that a kill, a freeze, or (only where a topology may undo a written result, such as an
 asynchronous standby) a topology fault explains; any other is *unexplained* and fails the run.
 """

@@ -5,8 +5,9 @@ Usage: .venv/bin/python -m tools.scale [--preset ci|full] [--topology NAME[,NAME
 
 For each topology (tools/scale/<module>.py, a `Topology`): start it (installing its Debian
 packages when missing), run
-  1. a fault-free throughput pair in `bgq work` mode: the same jobs on the machine's single server
-     directly, then through the topology (`throughput_workers` workers each);
+  1. a fault-free throughput pair in `bgq work` mode: the same jobs on a single server directly
+     (the one the topology fronts when it has its own, else the machine's), then through the
+     topology (`throughput_workers` workers each);
   2. a chaos run per mode of the topology: workers through it, the harness's own faults (SIGKILL,
      SIGSTOP, session cuts) beside the topology's (failover, node kill...), judged by the oracle
      (tools/chaos/oracle.py), with the recovery after each topology fault;
@@ -177,7 +178,9 @@ def run_topology(args: argparse.Namespace, name: str, n: int) -> TopologyResult:
                 **{**vars(args), "jobs": args.throughput_jobs, "workers": topology.throughput_workers,
                    "preset": "scale"}
             )  # fmt: skip
-            result.direct = chaos.run_one(pair, "work", topology.dialect, seed, None, faults_on=False)
+            result.direct = chaos.run_one(
+                pair, "work", topology.dialect, seed, None, faults_on=False, admin=topology.direct_admin_url()
+            )
             print(chaos_report.HEADER + "\n" + result.direct.row(), flush=True)
             result.through = chaos.run_one(pair, "work", topology.dialect, seed, topology, faults_on=False)
             print(chaos_report.HEADER + "\n" + result.through.row(), flush=True)

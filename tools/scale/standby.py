@@ -30,102 +30,28 @@ primary's synchronous_standby_names (reload): the next failover of a run has a s
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import ClassVar
 
-from tools.scale.topology import FaultSink, Topology, alive, port_open, stop_pids, wait_until
+from tools.scale.pgnode import BIN, HOST, USER, Node, as_postgres, chown, prepare
+from tools.scale.topology import FaultSink, Topology, wait_until
 
-BIN = Path("/usr/lib/postgresql/15/bin")
-USER = "postgres"
-HOST = "127.0.0.1"
 PORTS = {"a": 25432, "b": 25433}
 #: Seconds between the primary's death and the promotion: a failover manager's detection.
 DETECT_S = 1.0
 
 
-def _as_postgres(*argv: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-    cmd = [str(a) for a in argv]
-    if os.geteuid() == 0:
-        cmd = ["runuser", "-u", USER, "--", *cmd]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    if check and out.returncode != 0:
-        raise RuntimeError(f"scale: {' '.join(cmd)} failed: {(out.stderr or out.stdout).strip()}")
-    return out
-
-
-def _chown(path: Path) -> None:
-    if os.geteuid() == 0:
-        shutil.chown(path, USER, USER)
-
-
-class Node:
-    """One cluster: data directory, port, postmaster pid."""
-
-    def __init__(self, workdir: Path, name: str) -> None:
-        self.name, self.port = name, PORTS[name]
-        self.data = workdir / name
-        self.log = workdir / "logs" / f"{name}.log"  # (a directory the postgres user owns)
-        self.sockets = workdir / "sockets"
-        self.pid: int | None = None
-
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql+psycopg://{USER}@{HOST}:{self.port}/{database}"
-
-    def configure(self, synchronous_standby_names: str, synchronous: bool) -> None:
-        """Append this node's own settings to its postgresql.conf (the last of a name wins; a
-        base backup copies the primary's file, so every node writes its own after)."""
-        sync = "on" if synchronous else "local"
-        with (self.data / "postgresql.conf").open("a") as f:
-            f.write(
-                f"\n# --- tools/scale/standby.py, node {self.name} ---\n"
-                f"port = {self.port}\nlisten_addresses = '{HOST}'\n"
-                f"unix_socket_directories = '{self.sockets}'\ncluster_name = '{self.name}'\n"
-                "wal_level = replica\nmax_wal_senders = 5\nhot_standby = on\nmax_connections = 300\n"
-                "wal_keep_size = 256MB\nshared_buffers = 128MB\n"
-                f"synchronous_commit = {sync}\n"
-                f"synchronous_standby_names = '{synchronous_standby_names}'\n"
-                "log_line_prefix = '%m [%p] %a '\n"
-            )
-
-    def start(self) -> int:
-        if port_open(self.port):
-            raise RuntimeError(f"scale: port {self.port} is taken: a cluster of ours left running?")
-        _as_postgres(BIN / "pg_ctl", "-D", self.data, "-l", self.log, "-w", "-t", "60", "start", timeout=90)
-        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
-        return self.pid
-
-    def stop(self, mode: str = "fast") -> None:
-        if self.pid is not None and alive(self.pid):
-            _as_postgres(
-                BIN / "pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", "30", "stop", check=False, timeout=60
-            )
-            if alive(self.pid):
-                stop_pids([self.pid], grace=5.0)
-        self.pid = None
-
-    @property
-    def up(self) -> bool:
-        return self.pid is not None and alive(self.pid)
-
-    def sql(self, statement: str) -> list[tuple[object, ...]]:
-        import psycopg
-
-        with psycopg.connect(
-            host=HOST, port=self.port, user=USER, dbname="postgres", autocommit=True, connect_timeout=3
-        ) as conn:
-            cur = conn.execute(statement)  # type: ignore[call-overload]
-            return cur.fetchall() if cur.description else []
-
-    def writable(self) -> bool:
-        rows = self.sql("SELECT pg_is_in_recovery(), current_setting('transaction_read_only')")
-        if rows[0] != (False, "off"):
-            return False
-        self.sql("CREATE TEMPORARY TABLE bgq_scale_probe (a int)")  # a write that commits
-        return True
+def replication_settings(synchronous_standby_names: str, synchronous: bool) -> str:
+    """A node's postgresql.conf lines: streaming replication, synchronous or not."""
+    sync = "on" if synchronous else "local"
+    return (
+        "wal_level = replica\nmax_wal_senders = 5\nhot_standby = on\nmax_connections = 300\n"
+        "wal_keep_size = 256MB\nshared_buffers = 128MB\n"
+        f"synchronous_commit = {sync}\n"
+        f"synchronous_standby_names = '{synchronous_standby_names}'\n"
+    )
 
 
 class StandbyTopology(Topology):
@@ -142,24 +68,17 @@ class StandbyTopology(Topology):
 
     def __init__(self, workdir: Path) -> None:
         super().__init__(workdir)
-        self.nodes = {n: Node(workdir, n) for n in PORTS}
+        self.nodes = {n: Node(workdir, n, port) for n, port in PORTS.items()}
         self.primary, self.standby = "a", "b"
         self.failovers = 0
 
     # --- lifecycle ---
 
     def start(self) -> None:
-        if not (BIN / "initdb").exists():
-            raise RuntimeError(f"scale: {BIN}/initdb is missing (apt-get install postgresql-15)")
-        self.workdir.chmod(0o755)  # the postgres user reaches its data directories through it
-        for own in ("sockets", "logs"):
-            (self.workdir / own).mkdir(exist_ok=True)
-            _chown(self.workdir / own)
+        prepare(self.workdir)
         a = self.nodes["a"]
-        a.data.mkdir()
-        _chown(a.data)
-        _as_postgres(BIN / "initdb", "-D", a.data, "-U", USER, "--auth=trust", "--no-sync", "-E", "UTF8")
-        a.configure(self._sync_names("b"), self.synchronous)
+        a.initdb()
+        a.configure(replication_settings(self._sync_names("b"), self.synchronous))
         self.pids.append(a.start())
         self._add_standby("b")
         wait_until("the standby streaming", lambda: self._streaming("b"), 30)
@@ -178,14 +97,14 @@ class StandbyTopology(Topology):
         node, primary = self.nodes[name], self.nodes[self.primary]
         shutil.rmtree(node.data, ignore_errors=True)
         node.data.mkdir(mode=0o700)
-        _chown(node.data)
-        _as_postgres(
+        chown(node.data)
+        as_postgres(
             BIN / "pg_basebackup", "-D", node.data, "-R", "-X", "stream", "-c", "fast", "--no-sync",
             "-d", f"host={HOST} port={primary.port} user={USER} application_name={name}",
             timeout=300,
         )  # fmt: skip
         # Its own settings: never a synchronous standby of its own (promoted, it would wait).
-        node.configure("", self.synchronous)
+        node.configure(replication_settings("", self.synchronous))
         self.pids.append(node.start())
         self.standby = name
 
@@ -216,10 +135,10 @@ class StandbyTopology(Topology):
         lag = self._lag_bytes()
         faults.add("failover", detail=f"pg_ctl stop -m immediate {old.name} ({HOST}:{old.port})")
         started = time.monotonic()
-        _as_postgres(BIN / "pg_ctl", "-D", old.data, "-m", "immediate", "-w", "-t", "30", "stop", timeout=60)
+        as_postgres(BIN / "pg_ctl", "-D", old.data, "-m", "immediate", "-w", "-t", "30", "stop", timeout=60)
         old.pid = None
         time.sleep(DETECT_S)
-        _as_postgres(BIN / "pg_ctl", "-D", new.data, "-w", "-t", "60", "promote", timeout=90)
+        as_postgres(BIN / "pg_ctl", "-D", new.data, "-w", "-t", "60", "promote", timeout=90)
         wait_until(f"{new.name} taking writes", new.writable, 30, 0.05)
         took = time.monotonic() - started
         faults.add("failover_done", detail=f"{new.name} ({HOST}:{new.port}) promoted")
@@ -255,7 +174,7 @@ class StandbyTopology(Topology):
         down = next(n for n in self.nodes if n != self.primary)
         self._add_standby(down)
         primary = self.nodes[self.primary]
-        primary.configure(self._sync_names(down), self.synchronous)
+        primary.configure(replication_settings(self._sync_names(down), self.synchronous))
         primary.sql("SELECT pg_reload_conf()")
         wait_until(f"{down} streaming to {self.primary}", lambda: self._streaming(down), 30)
 

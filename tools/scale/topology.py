@@ -45,9 +45,13 @@ class Topology(ABC):
     #: to an asynchronous standby): the oracle then classifies the re-runs it explains. False: any
     #: re-run after its faults is unexplained, a failure.
     may_rerun: ClassVar[bool] = False
-    #: The bound on a run's recovery: seconds from a fault's `_done` until every busy worker took a
-    #: job again (None: no bound).
+    #: The bound on a run's recovery: seconds from a fault's `_done` (or the fault: recovery_from)
+    #: until every busy worker took a job again (None: no bound).
     recovery_bound_s: ClassVar[float | None] = 10.0
+    #: Where recovery_bound_s counts from: "done" (the topology serves again: a restarted pooler,
+    #: a promoted standby) or "fault" (a cluster that serves on its other nodes while one is
+    #: down: the workers must be back within the bound of the kill, not of the node's rejoin).
+    recovery_from: ClassVar[str] = "done"
     #: Workers of the fault-free throughput pair (direct, then through the topology).
     throughput_workers: ClassVar[int] = 4
     #: The least throughput through the topology, as a share of direct, that the full preset
@@ -84,6 +88,11 @@ class Topology(ABC):
     def worker_url(self, database: str) -> str:
         """The URL the workers and the publisher use for `database` (through the pooler, a
         multi-host URL, haproxy...)."""
+
+    def direct_admin_url(self) -> str | None:
+        """The admin URL of the single server the throughput pair's direct run uses (the server
+        this topology fronts, when it has one of its own); None: the machine's server."""
+        return None
 
     def app_env(self, database: str) -> dict[str, str]:
         """Extra environment for the chaos app (tools/chaos/app.py), e.g. BGQ_CHAOS_LISTEN_URL."""
@@ -158,13 +167,23 @@ def _reap() -> None:
             pass
 
 
+class Gone(RuntimeError):
+    """Raised by a `wait_until` check when what it waits for can never come (the process exited):
+    the wait ends at once with this error instead of polling to its deadline."""
+
+
 def wait_until(what: str, ready: Callable[[], bool], seconds: float, step: float = 0.2) -> None:
-    """Poll `ready` until it is true; RuntimeError naming `what` after `seconds`."""
+    """Poll `ready` until it is true; RuntimeError naming `what` after `seconds` (at once when
+    `ready` raises Gone; any other error of `ready` counts as not ready yet)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
+        try:
             if ready():
                 return
+        except Gone:
+            raise
+        except Exception:  # noqa: S110 (not ready yet: a refused connection, a timeout)
+            pass
         time.sleep(step)
     raise RuntimeError(f"scale: {what} not ready after {seconds:.0f} s")
 
