@@ -182,6 +182,7 @@ class PgBouncerTopology(Topology):
     recovery_bound_s: ClassVar[float | None] = 10.0
     #: The issue's figure: 50 `bgq work` processes through a pool of 10 server connections.
     throughput_workers = 50
+    full_chaos_workers: ClassVar[dict[str, int]] = {"work": 50}  # and the chaos faults beside them
     throughput_floor: ClassVar[float | None] = 0.8
 
     def __init__(self, workdir: Path) -> None:

@@ -74,7 +74,16 @@ def section(result: TopologyResult, level: str = "##") -> list[str]:
             "",
         ]
     if result.runs:
-        out += [HEADER, sep, *(row(r, t.fault_kinds) for r in result.runs), ""]
+        out += [
+            f"Chaos runs through {t.name}, worker processes: "
+            + ", ".join(f"{mode} {n}" for mode, n in result.chaos_workers.items())
+            + ".",
+            "",
+            HEADER,
+            sep,
+            *(row(r, t.fault_kinds) for r in result.runs),
+            "",
+        ]
     for r in result.runs:
         details = [line for line in r.details(where=False) if line.startswith("  - ")]
         if details:

@@ -17,8 +17,9 @@ Presets:
   ci    a few minutes per topology: 4,000 jobs (at 1,500 a work run ended before its failover),
         4 workers, one topology fault per run, at most
         two modes; the reduced run of .ci/run. Prints the tables; writes nothing unless --out.
-  full  6,000 jobs, 6 workers, three topology faults per run, every mode, 10,000 jobs in the
-        throughput pair; writes docs/scale-out.md.
+  full  6,000 jobs, 6 workers (a topology's `full_chaos_workers` for a mode: PgBouncer's
+        work runs have 50), three topology faults per run, every mode, 10,000 jobs in the throughput pair;
+        writes docs/scale-out.md.
 Exit code 1 when a run has a violation or a stuck job, no topology fault struck, a busy worker
 did not come back within the topology's recovery bound, or (full) the throughput ratio is below
 the topology's floor.
@@ -80,6 +81,7 @@ class TopologyResult:
     through: RunResult | None = None  # fault-free, through the topology
     runs: list[RunResult] = field(default_factory=list)  # chaos runs
     errors: list[str] = field(default_factory=list)  # what broke the driver itself
+    chaos_workers: dict[str, int] = field(default_factory=dict)  # mode -> worker processes
 
     def problems(self, preset: str) -> list[str]:
         out = list(self.errors)
@@ -186,7 +188,11 @@ def run_topology(args: argparse.Namespace, name: str, n: int) -> TopologyResult:
             print(chaos_report.HEADER + "\n" + result.through.row(), flush=True)
         modes = [args.mode] if args.mode else list(topology.modes)[: args.max_modes]
         for i, mode in enumerate(modes):
-            run_args = argparse.Namespace(**{**vars(args), "preset": "scale"})
+            workers = args.workers
+            if args.preset == "full" and "workers" not in args.explicit:
+                workers = topology.full_chaos_workers.get(mode, workers)
+            result.chaos_workers[mode] = workers
+            run_args = argparse.Namespace(**{**vars(args), "preset": "scale", "workers": workers})
             r = chaos.run_one(run_args, mode, topology.dialect, seed + 1 + i, topology)
             result.runs.append(r)
             print(chaos_report.HEADER + "\n" + r.row(), flush=True)

@@ -54,6 +54,9 @@ class Topology(ABC):
     recovery_from: ClassVar[str] = "done"
     #: Workers of the fault-free throughput pair (direct, then through the topology).
     throughput_workers: ClassVar[int] = 4
+    #: Workers of the full preset's chaos runs through the topology, by mode (the preset's for
+    #: a mode not named).
+    full_chaos_workers: ClassVar[dict[str, int]] = {}
     #: The least throughput through the topology, as a share of direct, that the full preset
     #: accepts (None: reported, not judged).
     throughput_floor: ClassVar[float | None] = None
