@@ -82,6 +82,7 @@ class Galera(Topology):
         self.node_pids: dict[int, int] = {}  # node index -> mariadbd pid
         self.haproxy_pid: int | None = None
         self.kills = 0
+        self.crashes = 0  # nodes that exited by themselves (heal() restarted them)
 
     # --- lifecycle ---
 
@@ -156,7 +157,20 @@ class Galera(Topology):
         return f"galera: SIGKILL node {i + 1} (pid {pid}); rejoined by {how}, Synced after {took:.1f} s"
 
     def heal(self) -> None:
+        """Bring every node back: one the fault left down, and one that exited by itself (a
+        server crash is the cluster's to survive too: it is said, with the node's log, and the
+        node rejoins like a killed one)."""
         for i in range(3):
+            pid = self.node_pids.get(i)
+            if pid is not None and not alive(pid):
+                print(
+                    f"galera: node {i + 1} (pid {pid}) exited by itself; log:\n{self._log_tail(i)}",
+                    flush=True,
+                )
+                self.crashes += 1
+                del self.node_pids[i]
+                with contextlib.suppress(ValueError):
+                    self.pids.remove(pid)
             if i not in self.node_pids:
                 self._rejoin(i)
         for i in range(3):
