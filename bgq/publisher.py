@@ -26,8 +26,6 @@ from .validate import new_job
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
-    from .db.aio_postgres import AsyncPostgres
-
 #: Parameter bytes per multi-row INSERT of a bulk: far below MariaDB's default max_allowed_packet
 #: (16 MiB) even when escaping doubles them; a larger bulk is inserted in several statements.
 BULK_INSERT_BYTES = 4 * 1024 * 1024
@@ -69,7 +67,6 @@ class Publisher:
         # one module-level queue serves many threads, and one request's bulk must not take in the
         # jobs other threads publish meanwhile.
         self._bulk: ContextVar[Bulk | None] = ContextVar(f"bgq_bulk_{id(self)}", default=None)
-        self._aio: AsyncPostgres | None = None  # publish_async's connections (PostgreSQL)
 
     def publish(
         self,
@@ -140,11 +137,7 @@ class Publisher:
         if not store.checked:  # once: opens the engine and checks the install (blocking calls)
             await asyncio.to_thread(lambda: store.procs)
         if store.database.dialect.name == "postgres":
-            if self._aio is None or self._aio.database is not store.database:
-                from .db.aio_postgres import AsyncPostgres  # psycopg's asyncio side: loaded on first use
-
-                self._aio = AsyncPostgres(store.database)
-            job_id = await store.procs.insert_async(self._aio, job)
+            job_id = await store.procs.insert_async(job)  # on store.database.aio
         else:
             job_id = await asyncio.to_thread(store.procs.insert_alone, job)
         self.sender.send([(job_id, job.queue, job.priority, job.postponed_by)])
@@ -152,8 +145,8 @@ class Publisher:
 
     async def aclose(self) -> None:
         """Close the running event loop's publish_async connection, if it has one."""
-        if self._aio is not None:
-            await self._aio.aclose()
+        if self.store.opened:
+            await self.store.database.aclose()
 
     def start_bulk(self) -> Bulk:
         """Buffer this thread's (or asyncio task's) publish() calls; every `bulk_size` jobs go in one
