@@ -16,7 +16,7 @@ from . import params as params_codec
 from .config import Config
 from .errors import BgqError, DatabaseUnavailableError, SerializationError
 from .heartbeat import Heartbeat
-from .model import ClaimResult, FinishResult, JobState, Mode, Outcome
+from .model import ClaimResult, FinishResult, JobState, Message, Mode, Outcome
 from .sender import Sender
 from .store import Store
 
@@ -82,10 +82,10 @@ class Executor:
         if claim.promoted_id is not None:
             self.sender.send_job(claim.promoted_id)
         if claim.outcome == "locked" and claim.queue is not None and claim.priority is not None:
-            self.sender.send([(job_id, claim.queue, claim.priority, None)])  # another worker holds the group
+            self.sender.send([Message(job_id, claim.queue, claim.priority)])  # another worker holds the group
         if claim.outcome == "paused" and claim.queue is not None and claim.priority is not None:
             # Its queue or group is paused: the message comes back after a while.
-            self.sender.send([(job_id, claim.queue, claim.priority, PAUSED_RETRY_MS)])
+            self.sender.send([Message(job_id, claim.queue, claim.priority, PAUSED_RETRY_MS)])
         if claim.outcome == "unexpected":
             self._log_unexpected(job_id, claim.state)
 
@@ -330,11 +330,11 @@ class Executor:
             self.log.critical(f"bgq: Permanent error occurred. (ID: {job_id})", exc_info=outcome.exception)
         send = self.sender.send
         if outcome.state is JobState.TEMPORARILY_FAILED:
-            send([(job_id, claim.queue or cfg.queue, claim.priority or 0, outcome.postponed_by)])
+            send([Message(job_id, claim.queue or cfg.queue, claim.priority or 0, outcome.postponed_by)])
         if result.promoted_id is not None:
             send(
                 [
-                    (
+                    Message(
                         result.promoted_id,
                         result.promoted_queue or cfg.queue,
                         result.promoted_priority or 0,
@@ -343,7 +343,7 @@ class Executor:
                 ]
             )
         if result.clone_id is not None:
-            send([(result.clone_id, claim.queue or cfg.queue, claim.priority or 0, clone_delay)])
+            send([Message(result.clone_id, claim.queue or cfg.queue, claim.priority or 0, clone_delay)])
 
     # --- for callbacks ---
 

@@ -18,7 +18,7 @@ from . import params as params_codec
 from .config import Config
 from .db import dialect_name
 from .errors import PublishError
-from .model import Mode, NewJob
+from .model import Message, Mode, NewJob
 from .sender import Sender
 from .store import Store
 from .validate import new_job
@@ -95,7 +95,7 @@ class Publisher:
         store = self.store
         if connection is None:
             job_id = store.procs.insert_alone(job)
-            self.sender.send([(job_id, job.queue, job.priority, job.postponed_by)])
+            self.sender.send([Message(job_id, job.queue, job.priority, job.postponed_by)])
             return job_id
         conn = connection.connection() if outbox.is_session(connection) else connection
         if not isinstance(conn, Connection):
@@ -110,7 +110,9 @@ class Publisher:
             raise store.database.translate(exc) from exc
         if self.config.producer is not None:
             outbox.add(
-                connection, (job_id, job.queue, job.priority, job.postponed_by), self.sender.send_pending
+                connection,
+                Message(job_id, job.queue, job.priority, job.postponed_by),
+                self.sender.send_pending,
             )
         return job_id
 
@@ -140,7 +142,7 @@ class Publisher:
             job_id = await store.procs.insert_async(job)  # on store.database.aio
         else:
             job_id = await asyncio.to_thread(store.procs.insert_alone, job)
-        self.sender.send([(job_id, job.queue, job.priority, job.postponed_by)])
+        self.sender.send([Message(job_id, job.queue, job.priority, job.postponed_by)])
         return job_id
 
     async def aclose(self) -> None:
@@ -230,4 +232,6 @@ class Publisher:
 
     def _inserted(self, batch: Bulk, jobs: list[NewJob], ids: list[int]) -> None:
         batch.ids.extend(ids)
-        self.sender.send([(i, j.queue, j.priority, j.postponed_by) for i, j in zip(ids, jobs, strict=True)])
+        self.sender.send(
+            [Message(i, j.queue, j.priority, j.postponed_by) for i, j in zip(ids, jobs, strict=True)]
+        )
