@@ -9,7 +9,7 @@ from typing import Any
 from . import retry
 from .config import QUEUE_NAME_RE, Config, read_clock
 from .errors import ConfigError, JobNotFoundError, PublishError
-from .model import Cancelled, JobRef, Pause, WorkerRow
+from .model import Cancelled, JobRef, Message, Pause, WorkerRow
 from .sender import Sender
 from .store import Store
 from .validate import MAX_BIGINT, MAX_TEXT, check_text
@@ -37,7 +37,7 @@ class Admin:
         check_job_id(job_id)
         with self.store.database.transaction() as conn:
             job = self.store.procs.requeue(conn, job_id, reason)
-        self.sender.send([(job.id, job.queue, job.priority, None)])
+        self.sender.send([Message(job.id, job.queue, job.priority)])
         return job
 
     def run_now(self, job_id: int, reason: str) -> JobRef:
@@ -46,7 +46,7 @@ class Admin:
         check_job_id(job_id)
         with self.store.database.transaction() as conn:
             job = self.store.procs.run_now(conn, job_id, reason)
-        self.sender.send([(job.id, job.queue, job.priority, None)])
+        self.sender.send([Message(job.id, job.queue, job.priority)])
         return job
 
     def workers(self) -> list[WorkerRow]:

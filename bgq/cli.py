@@ -162,8 +162,18 @@ def _use_log_format(fmt: str) -> None:
         logging.getLogger("bgq").setLevel(logging.INFO)
 
 
+def app_queue() -> Queue:
+    """The command's queue, imported from --app / BGQ_APP; a command that needs one exits with
+    code 2 and the reason (none given, not importable, not a bgq.Queue) when there is none."""
+    queue = load_queue(required=False)
+    if queue is None:
+        fail("No queue given: pass --app package.module:queue or set BGQ_APP.", code=2)
+    return queue
+
+
 def load_queue(required: bool = True) -> Queue | None:
-    """Import the application's queue named by --app / BGQ_APP."""
+    """Import the application's queue named by --app / BGQ_APP (None when none is named and it
+    is not `required`; app_queue when it is)."""
     if not state.app_path:
         if required:
             fail("No queue given: pass --app package.module:queue or set BGQ_APP.", code=2)
@@ -384,8 +394,7 @@ def process(
     previous one still holding this host's lock exits 0; if that one has held it for longer than
     --stale-after seconds (hung: stopped, stuck in I/O) it also logs CRITICAL with its pid and age.
     """
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     with locked(queue_lock_name("process", queue), stale_after):
         report = queue.process(max_runtime=max_runtime or None)
         done = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items())) or "nothing due"
@@ -401,8 +410,7 @@ def requeue(
     ] = "manual requeue",
 ) -> None:
     """Put finished, failed or redundant jobs back to READY (not PROCESSING ones)."""
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     failed = False
     for job_id in job_ids:
         try:
@@ -433,8 +441,7 @@ def consume(
     from .consumer import consume as run_consumer
     from .stopping import GracefulStop
 
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     chosen = parse_priorities(priorities, queue.config.priorities)
     queue.config.served_queue(sub_queue)  # a sub-queue no callback is in: said before connecting
     with GracefulStop() as stop:  # SIGTERM while the database is reached is a clean stop too
@@ -469,8 +476,7 @@ def work(
     from .broker import parse_priorities
     from .supervisor import run_workers
 
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     chosen = parse_priorities(priorities, queue.config.priorities) if priorities else None
     scratch = None
     if metrics_port is not None:
@@ -498,8 +504,7 @@ def reload_consumers(
     ] = None,
 ) -> None:
     """Send NUMBER 'die' messages: that many consumers exit (0) so the supervisor restarts them."""
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     producer = queue.config.producer
     if producer is None:
         fail(
@@ -538,8 +543,7 @@ def monitor(
     is not 0, and one critical record for a hung `bgq process`; the exit code is 0 either way.
     Suggested cron: once a day (or more often, to hear of a hung run sooner).
     """
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     with locked(queue_lock_name("monitor", queue), stale_after):
         holder = process_lock_holder(queue, stale_after)
         if holder is not None and holder["stale"]:
@@ -610,8 +614,7 @@ def workers(
     """List the registered worker processes (`bgq work`, `bgq consume`, `bgq process`) of the queue:
     host, pid, mode, queue, start, last heartbeat, current job, jobs done, version. A worker
     silent for longer than worker_dead_after is marked dead (its jobs are being reaped)."""
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     rows = queue.workers()
     now = dt.datetime.now(dt.UTC)
     dead_after = queue.config.worker_dead_after
@@ -649,8 +652,7 @@ def metrics_command(
     workers' counters when they share PROMETHEUS_MULTIPROC_DIR with this process (needs bgq[metrics])."""
     from .stopping import GracefulStop
 
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     _ = queue.procs  # reach the database and check the install before serving
     server = _serve_metrics(queue, port, addr)
     typer.echo(f"serving metrics on http://{addr}:{port}/metrics", err=True)
@@ -671,8 +673,7 @@ def clear_finished(
     ] = 1,
 ) -> None:
     """Delete FINISHED jobs of the queue (REDUNDANT and failed jobs stay)."""
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     with locked(queue_lock_name("clear-finished", queue)):
         deleted = queue.clear_finished_jobs(days)
         typer.echo(f"deleted {deleted} finished job(s)")
@@ -702,8 +703,7 @@ def pause(
 ) -> None:
     """Pause a queue (its sub-queues with it) or a serial group: no worker starts their jobs
     until `bgq resume`; running jobs go on. Without QUEUE or --group, lists what is paused."""
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     if queue_name is None and group is None:
         for p in queue.paused():
             typer.echo(f"{p.kind} {p.name}: paused {_stamp(p.paused_at)} by {p.paused_by or '?'}: {p.reason}")
@@ -731,8 +731,7 @@ def resume(
     group: Annotated[str | None, typer.Option("--group", "-g", help="Resume this serial group.")] = None,
 ) -> None:
     """Undo `bgq pause`: the queue's or group's jobs run again in (priority, id) order."""
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     if queue_name is None and group is None:
         fail("bgq resume needs QUEUE or --group.", code=2)
     target = _pause_target(queue, queue_name)
@@ -748,8 +747,7 @@ def cancel(
 ) -> None:
     """Cancel jobs: one that has not started becomes REDUNDANT (its group moves on); a running
     one is asked to abort (its next heartbeat raises bgq.JobAborted in the callback)."""
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     if not reason:
         fail("bgq cancel needs --reason.", code=2)
     failed = False
@@ -769,8 +767,7 @@ def schedules(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array (for machines).")] = False,
 ) -> None:
     """List the schedules: cron, zone, next fire time, last fire and its job (all queues)."""
-    queue = load_queue()
-    assert queue is not None
+    queue = app_queue()
     rows = queue.schedules()
     if as_json:
         typer.echo(

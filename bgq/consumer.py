@@ -45,7 +45,7 @@ from sqlalchemy.engine import Connection
 
 from .broker import DIE, BrokerError, Consumer, Delivery
 from .errors import BgqError, ConfigError
-from .model import Claimed, ClaimResult, FinishResult, WorkerMode
+from .model import Claimed, ClaimResult, FinishResult, Message, WorkerMode
 from .parts import Parts
 from .pipeline import (
     BATCH_BUDGET,
@@ -59,7 +59,6 @@ from .pipeline import (
     follow_up,
     result,
 )
-from .sender import Message
 from .stopping import GracefulStop
 from .workers import Registry
 
@@ -294,10 +293,10 @@ class _Loop:
             if d.outcome is not None:
                 follow_up(executor, self.log, d, written)  # a failure costs the others nothing
             elif written.finished:  # given back: its message was acknowledged, so it is sent again
-                given_back.append((job.id, job.claim.queue or self.base, job.claim.priority or 0, None))
+                given_back.append(Message(job.id, job.claim.queue or self.base, job.claim.priority or 0))
                 if written.promoted_id is not None:  # and the job its group promoted meanwhile
                     given_back.append(
-                        (
+                        Message(
                             written.promoted_id,
                             written.promoted_queue or self.base,
                             written.promoted_priority or 0,

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from .errors import BgqError
-from .model import JobState, WorkerMode
+from .model import JobState, Message, WorkerMode
 from .parts import Parts
 from .work import run_until_idle
 from .workers import Registry
@@ -59,7 +59,7 @@ def _broker_pass(parts: Parts, report: ProcessReport, deadline: float | None) ->
     procs = store.procs
     with store.database.transaction() as conn:
         released = procs.back_to_broker(conn, cfg.queue, PROCESS_LIMIT)
-    send([(j.id, j.queue, j.priority, None) for j in released])
+    send([Message(j.id, j.queue, j.priority) for j in released])
     with store.database.transaction() as conn:
         due = procs.due_jobs(conn, cfg.queue, True, PROCESS_LIMIT)
     for job in due:
@@ -77,12 +77,12 @@ def _broker_pass(parts: Parts, report: ProcessReport, deadline: float | None) ->
             report.count("error")
     with store.database.transaction() as conn:
         promoted = procs.promote_waiting(conn)
-    send([(j.id, j.queue, j.priority, None) for j in promoted])
+    send([Message(j.id, j.queue, j.priority) for j in promoted])
     report.promoted = len(promoted)
     if cfg.lost_message_timeout:
         with store.database.transaction() as conn:
             lost = procs.lost_messages(conn, cfg.queue, cfg.lost_message_timeout, PROCESS_LIMIT)
         for job in lost:
             cfg.logger.warning(f"bgq: Lost broker message republished (ID: {job.id}).")
-        send([(j.id, j.queue, j.priority, None) for j in lost])
+        send([Message(j.id, j.queue, j.priority) for j in lost])
         report.republished = len(lost)

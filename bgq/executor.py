@@ -16,17 +16,11 @@ from . import params as params_codec
 from .config import Config
 from .errors import BgqError, DatabaseUnavailableError, SerializationError
 from .heartbeat import Heartbeat
-from .model import ClaimResult, FinishResult, JobState, Mode, Outcome
+from .model import ClaimResult, FinishResult, JobState, Message, Mode, Outcome
 from .sender import Sender
 from .store import Store
 
 T = TypeVar("T")
-#: Seconds before each try of a result write: fast at first (a cut session or a deadlock is cured
-#: at once), then every second for about 15 s in all. Never longer than a second apart: the
-#: job's group waits for this result, and a database that serves again (a failover, a cluster
-#: node dropped from the view) should get it within a second, before the reaper's
-#: stalled_job_timeout takes the job back and runs it a second time.
-PERSIST_PAUSES = (0.0, 0.05, 0.2, 0.5) + (1.0,) * 15
 CLAIM_TRIES = 5  # a deadlock or lock-wait timeout in the claim is retried this many times
 PAUSED_RETRY_MS = 5000  # broker mode: a paused job's message is sent back, due again after this
 
@@ -88,10 +82,10 @@ class Executor:
         if claim.promoted_id is not None:
             self.sender.send_job(claim.promoted_id)
         if claim.outcome == "locked" and claim.queue is not None and claim.priority is not None:
-            self.sender.send([(job_id, claim.queue, claim.priority, None)])  # another worker holds the group
+            self.sender.send([Message(job_id, claim.queue, claim.priority)])  # another worker holds the group
         if claim.outcome == "paused" and claim.queue is not None and claim.priority is not None:
             # Its queue or group is paused: the message comes back after a while.
-            self.sender.send([(job_id, claim.queue, claim.priority, PAUSED_RETRY_MS)])
+            self.sender.send([Message(job_id, claim.queue, claim.priority, PAUSED_RETRY_MS)])
         if claim.outcome == "unexpected":
             self._log_unexpected(job_id, claim.state)
 
@@ -279,33 +273,33 @@ class Executor:
 
     def persist(self, call: Callable[[Connection], T], failure: str) -> T | None:
         """Run `call` in a transaction, trying hard (the callback has run): after a failure wait
-        PERSIST_PAUSES and try again; None if all failed (the job stays PROCESSING until the reaper
-        takes it back). The first retries come fast: a cut session or a deadlock is cured at once,
-        and a result must not wait so long that the reaper takes the job it belongs to. A retryable
+        and try again (retry.persist_policy, its pauses retry.PERSIST_PAUSES); None if all failed
+        (the job stays PROCESSING until the reaper takes it back). A retryable
         error (deadlock, lock timeout, lost connection) is logged at WARNING, with `failure` as the
         message; a non-retryable one, and the last failure, at CRITICAL with its traceback (a
         DatabaseUnavailableError, the database out of reach during a failover, at WARNING while
         it retries and without a traceback)."""
-        for attempt, pause in enumerate(PERSIST_PAUSES):
-            if pause:  # the first try goes at once (sleep(0) would still give the CPU away)
-                time.sleep(pause)
-            try:
-                with self.store.database.transaction() as conn:
-                    return call(conn)
-            except BgqError as exc:
-                # The database out of reach (a failover, a restart) is no bug: one line, no traceback.
-                unreachable = isinstance(exc, DatabaseUnavailableError)
-                if attempt == len(PERSIST_PAUSES) - 1:
-                    gave_up = f"{failure} Gave up after {attempt + 1} attempts."
-                    self.log.critical(
-                        f"{gave_up} ({exc})" if unreachable else gave_up,
-                        exc_info=None if unreachable else exc,
-                    )
-                elif retry.retryable(exc) or unreachable:
-                    self.log.warning(f"{failure} ({exc})")
-                else:
-                    self.log.critical(failure, exc_info=exc)
-        return None
+
+        def retried(exc: BgqError) -> None:
+            # The database out of reach (a failover, a restart) is no bug: one line, no traceback.
+            if retry.retryable(exc) or isinstance(exc, DatabaseUnavailableError):
+                self.log.warning(f"{failure} ({exc})")
+            else:
+                self.log.critical(failure, exc_info=exc)
+
+        def attempt() -> T:
+            with self.store.database.transaction() as conn:
+                return call(conn)
+
+        try:
+            return retry.persist_policy(retried)(attempt)
+        except BgqError as exc:
+            unreachable = isinstance(exc, DatabaseUnavailableError)
+            gave_up = f"{failure} Gave up after {len(retry.PERSIST_PAUSES)} attempts."
+            self.log.critical(
+                f"{gave_up} ({exc})" if unreachable else gave_up, exc_info=None if unreachable else exc
+            )
+            return None
 
     def clone_delay(self, claim: ClaimResult, outcome: Outcome) -> int | None:
         """A RECURRING job that finished (a Skip too) and a WaitingException both leave a fresh copy,
@@ -336,11 +330,11 @@ class Executor:
             self.log.critical(f"bgq: Permanent error occurred. (ID: {job_id})", exc_info=outcome.exception)
         send = self.sender.send
         if outcome.state is JobState.TEMPORARILY_FAILED:
-            send([(job_id, claim.queue or cfg.queue, claim.priority or 0, outcome.postponed_by)])
+            send([Message(job_id, claim.queue or cfg.queue, claim.priority or 0, outcome.postponed_by)])
         if result.promoted_id is not None:
             send(
                 [
-                    (
+                    Message(
                         result.promoted_id,
                         result.promoted_queue or cfg.queue,
                         result.promoted_priority or 0,
@@ -349,7 +343,7 @@ class Executor:
                 ]
             )
         if result.clone_id is not None:
-            send([(result.clone_id, claim.queue or cfg.queue, claim.priority or 0, clone_delay)])
+            send([Message(result.clone_id, claim.queue or cfg.queue, claim.priority or 0, clone_delay)])
 
     # --- for callbacks ---
 

@@ -106,7 +106,7 @@ def utc_now() -> str:
 
 def table_exists(db: Database, conn: Connection, table: str) -> bool:
     """Whether the jobs table exists in the current database (MySQL) / schema (PostgreSQL)."""
-    return bool(conn.exec_driver_sql(db.dialect.table_exists_sql(), (table,)).scalar_one())
+    return bool(db.scalar(conn, db.dialect.table_exists_sql(), (table,)))
 
 
 @contextmanager
@@ -215,11 +215,8 @@ def _keep_lease(
 
 
 def _scalar(db: Database, conn: Connection, sql: str, params: dict[str, object]) -> object:
-    try:
-        result = conn.exec_driver_sql(sql, params)
-        return result.scalar() if result.returns_rows else None
-    except sa.exc.DBAPIError as exc:
-        raise db.translate(exc) from exc
+    rows = db.tuples(conn, sql, params)
+    return rows[0][0] if rows else None
 
 
 def record(procs: Procs, conn: Connection, migrations: Sequence[Migration], value: str) -> None:

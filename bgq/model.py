@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 # --- states and modes (mirroring the CHECK constraints of db/<dialect>/schema.sql) ---
 
@@ -123,6 +123,15 @@ class FinishResult:
     promoted_queue: str | None
     promoted_priority: int | None
     clone_id: int | None = None
+
+
+class Message(NamedTuple):
+    """What the broker needs to deliver a job: its id, queue, priority and delay (ms; None: at once)."""
+
+    id: int
+    queue: str
+    priority: int
+    delay_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
+from .model import Message
+
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
@@ -45,10 +47,10 @@ def is_session(target: object) -> TypeGuard[Session]:
     return orm is not None and isinstance(target, orm.Session)
 
 
-def add(target: Session | Connection, item_args: tuple[int, str, int, int | None], send: Send) -> None:
+def add(target: Session | Connection, message: Message, send: Send) -> None:
     """Hold one job id on `target` until its outermost commit; `send` receives the ids then."""
     box = _outbox(target, send)
-    box.items.append(Pending(*item_args, scope=box.current_scope()))
+    box.items.append(Pending(*message, scope=box.current_scope()))
 
 
 class _Outbox:

@@ -18,15 +18,13 @@ from . import params as params_codec
 from .config import Config
 from .db import dialect_name
 from .errors import PublishError
-from .model import Mode, NewJob
+from .model import Message, Mode, NewJob
 from .sender import Sender
 from .store import Store
 from .validate import new_job
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
-
-    from .db.aio_postgres import AsyncPostgres
 
 #: Parameter bytes per multi-row INSERT of a bulk: far below MariaDB's default max_allowed_packet
 #: (16 MiB) even when escaping doubles them; a larger bulk is inserted in several statements.
@@ -69,7 +67,6 @@ class Publisher:
         # one module-level queue serves many threads, and one request's bulk must not take in the
         # jobs other threads publish meanwhile.
         self._bulk: ContextVar[Bulk | None] = ContextVar(f"bgq_bulk_{id(self)}", default=None)
-        self._aio: AsyncPostgres | None = None  # publish_async's connections (PostgreSQL)
 
     def publish(
         self,
@@ -98,7 +95,7 @@ class Publisher:
         store = self.store
         if connection is None:
             job_id = store.procs.insert_alone(job)
-            self.sender.send([(job_id, job.queue, job.priority, job.postponed_by)])
+            self.sender.send([Message(job_id, job.queue, job.priority, job.postponed_by)])
             return job_id
         conn = connection.connection() if outbox.is_session(connection) else connection
         if not isinstance(conn, Connection):
@@ -113,7 +110,9 @@ class Publisher:
             raise store.database.translate(exc) from exc
         if self.config.producer is not None:
             outbox.add(
-                connection, (job_id, job.queue, job.priority, job.postponed_by), self.sender.send_pending
+                connection,
+                Message(job_id, job.queue, job.priority, job.postponed_by),
+                self.sender.send_pending,
             )
         return job_id
 
@@ -140,20 +139,16 @@ class Publisher:
         if not store.checked:  # once: opens the engine and checks the install (blocking calls)
             await asyncio.to_thread(lambda: store.procs)
         if store.database.dialect.name == "postgres":
-            if self._aio is None or self._aio.database is not store.database:
-                from .db.aio_postgres import AsyncPostgres  # psycopg's asyncio side: loaded on first use
-
-                self._aio = AsyncPostgres(store.database)
-            job_id = await store.procs.insert_async(self._aio, job)
+            job_id = await store.procs.insert_async(job)  # on store.database.aio
         else:
             job_id = await asyncio.to_thread(store.procs.insert_alone, job)
-        self.sender.send([(job_id, job.queue, job.priority, job.postponed_by)])
+        self.sender.send([Message(job_id, job.queue, job.priority, job.postponed_by)])
         return job_id
 
     async def aclose(self) -> None:
         """Close the running event loop's publish_async connection, if it has one."""
-        if self._aio is not None:
-            await self._aio.aclose()
+        if self.store.opened:
+            await self.store.database.aclose()
 
     def start_bulk(self) -> Bulk:
         """Buffer this thread's (or asyncio task's) publish() calls; every `bulk_size` jobs go in one
@@ -237,4 +232,6 @@ class Publisher:
 
     def _inserted(self, batch: Bulk, jobs: list[NewJob], ids: list[int]) -> None:
         batch.ids.extend(ids)
-        self.sender.send([(i, j.queue, j.priority, j.postponed_by) for i, j in zip(ids, jobs, strict=True)])
+        self.sender.send(
+            [Message(i, j.queue, j.priority, j.postponed_by) for i, j in zip(ids, jobs, strict=True)]
+        )

@@ -1,7 +1,8 @@
 """The web console's reads (`bgq web`): counts, keyset pages of jobs and serial groups, on indexes.
 
 The second module (after bgq/procs.py) that names SQL, and only SELECTs: state changes stay in
-the stored procedures. Every list is a keyset page (`WHERE id < :after ORDER BY id DESC LIMIT n`),
+the stored procedures. Each runs through the call seam (bgq/db: Database.rows), which translates
+driver errors. Every list is a keyset page (`WHERE id < :after ORDER BY id DESC LIMIT n`),
 so page 10,000 costs what page 1 costs; each filter runs on an index the schema creates:
 
   state        {table}_state (state, id)
@@ -78,7 +79,7 @@ class Reads:
         self.postgres = db.dialect.name == "postgres"
 
     def _rows(self, conn: Connection, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        return [dict(r) for r in conn.exec_driver_sql(sql, params).mappings().all()]
+        return self.db.rows(conn, sql, params)
 
     # --- overview ---
 
@@ -94,13 +95,14 @@ class Reads:
         """A cheap fingerprint of the table that changes with every insert and state change: the
         newest id and each state's latest updated_at, one index dive each (the primary key, then
         {table}_state_updated per state). The live refresh polls it."""
-        row = conn.exec_driver_sql(
+        (row,) = self.db.tuples(
+            conn,
             f"SELECT (SELECT MAX(id) FROM {self.table}), "
             + ", ".join(
                 f"(SELECT MAX(updated_at) FROM {self.table} WHERE state = {int(state)})" for state in JobState
-            )
-        ).one()
-        return tuple(row)
+            ),
+        )
+        return row
 
     def oldest_due(self, conn: Connection, now: dt.datetime) -> dict[str, Any] | None:
         """The longest-waiting READY or TEMPORARILY_FAILED job whose postponement is over."""
@@ -185,9 +187,7 @@ class Reads:
         """How many jobs match `f` (the confirmation of a bulk action says it)."""
         where, params = self._where(f)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
-        return int(
-            conn.exec_driver_sql(f"SELECT COUNT(*) FROM {self.table}{clause}", tuple(params)).scalar_one()
-        )
+        return int(self.db.scalar(conn, f"SELECT COUNT(*) FROM {self.table}{clause}", params))
 
     # --- serial groups ---
 

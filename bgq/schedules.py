@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .config import Config
 from .errors import ConfigError, PriorityError, SerializationError, UnknownCallbackError
-from .model import JobRef, ScheduleRow
+from .model import JobRef, Message, ScheduleRow
 from .sender import Sender
 from .store import Store
 from .validate import MAX_TEXT
@@ -233,7 +233,7 @@ class Scheduler:
         for row in due:
             published.extend(self._fire(row, now))
         if published:
-            self.sender.send([(j.id, j.queue, j.priority, None) for j in published])
+            self.sender.send([Message(j.id, j.queue, j.priority) for j in published])
         return published
 
     def _fire(self, row: ScheduleRow, now: dt.datetime | None) -> list[JobRef]:

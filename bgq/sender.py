@@ -7,10 +7,8 @@ import functools
 from . import outbox, retry
 from .config import Config
 from .errors import BgqError
+from .model import Message
 from .store import Store
-
-#: (job id, queue, priority, delay in ms or None): what the broker needs to deliver a job.
-Message = tuple[int, str, int, int | None]
 
 
 class Sender:
@@ -48,7 +46,7 @@ class Sender:
 
     def send_pending(self, items: list[outbox.Pending]) -> None:
         """The outbox's flush after the application's commit."""
-        self.send([(i.job_id, i.queue, i.priority, i.delay_ms) for i in items])
+        self.send([Message(i.job_id, i.queue, i.priority, i.delay_ms) for i in items])
 
     def send_job(self, job_id: int) -> None:
         """Send a job a procedure made ready (promoted, requeued, reaped), with its own delay."""
@@ -57,4 +55,4 @@ class Sender:
         with self.store.database.transaction() as conn:
             row = self.store.procs.get_job(conn, job_id)
         if row is not None:
-            self.send([(job_id, row["queue"], row["priority"], row["postponed_by"])])
+            self.send([Message(job_id, row["queue"], row["priority"], row["postponed_by"])])

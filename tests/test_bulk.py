@@ -33,7 +33,7 @@ def returning(request, monkeypatch):
     several statements)."""
     if request.param == "returning":
         return lambda queue: queue
-    return lambda queue: monkeypatch.setattr(queue.procs, "returns_many", False) or queue
+    return lambda queue: monkeypatch.setattr(queue.procs.inserts, "returns_many", False) or queue
 
 
 def test_checklist_16_bulk_inserts_in_chunks_and_maps_ids(make_queue, installed, monkeypatch, returning):

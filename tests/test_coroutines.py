@@ -355,7 +355,7 @@ def test_publish_async_replaces_a_connection_the_server_ended(make_queue, instal
 
     async def app():
         first = await queue.publish_async("noop", [1])
-        slot = queue.publisher._aio._slots[asyncio.get_running_loop()]
+        slot = queue.database.aio._slots[asyncio.get_running_loop()]
         old = slot.conn
         installed.sql("SELECT pg_terminate_backend(%s)", (old.info.backend_pid,))
         second = await queue.publish_async("noop", [2])  # the ping finds it gone: a new connection

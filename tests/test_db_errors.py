@@ -289,3 +289,29 @@ def test_a_transaction_the_server_cut_for_idling_is_a_lost_connection(dialect, i
         _session_gone(installed, dialect, session)
         conn.exec_driver_sql("SELECT 1")
     assert caught.value.retryable
+
+
+# --- the result writes' schedule of the one retry policy (retry.persist_policy) ---
+
+
+def test_persist_policy_tries_every_bgq_error_again_after_the_persist_pauses(monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr("bgq.retry.time.sleep", slept.append)
+    retried: list[BaseException] = []
+    tries: list[int] = []
+
+    def write() -> None:
+        tries.append(1)
+        raise DatabaseError("not retryable, tried again all the same")
+
+    with pytest.raises(DatabaseError, match="tried again all the same"):
+        retry.persist_policy(retried.append)(write)
+    assert len(tries) == len(retry.PERSIST_PAUSES)
+    assert slept == list(retry.PERSIST_PAUSES[1:])
+    assert len(retried) == len(retry.PERSIST_PAUSES) - 1
+
+
+def test_persist_policy_lets_a_non_bgq_error_through_at_once(monkeypatch):
+    monkeypatch.setattr("bgq.retry.time.sleep", lambda s: pytest.fail("slept"))
+    with pytest.raises(KeyError):
+        retry.persist_policy(lambda exc: None)(lambda: {}["x"])

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from bgq import executor as executor_module
+from bgq import retry as retry_module
 from bgq.errors import ConnectionLostError
-from bgq.executor import PERSIST_PAUSES, Executor
+from bgq.executor import Executor
+from bgq.retry import PERSIST_PAUSES
 
 
 class _FailingDatabase:
@@ -41,7 +42,7 @@ def test_a_result_write_lands_within_a_second_of_the_database_serving_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(executor_module.time, "sleep", slept.append)
+    monkeypatch.setattr(retry_module.time, "sleep", slept.append)
     db = _FailingDatabase(fails=9)  # e.g. a cluster refusing commits for several seconds
     assert _executor(db).persist(lambda conn: f"written on {conn}", "bgq: Writing the result failed.") == (
         "written on conn"
@@ -55,7 +56,7 @@ def test_a_result_write_gives_up_after_about_fifteen_seconds(
     monkeypatch: pytest.MonkeyPatch, caplog: Any
 ) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(executor_module.time, "sleep", slept.append)
+    monkeypatch.setattr(retry_module.time, "sleep", slept.append)
     db = _FailingDatabase(fails=1000)
     with caplog.at_level(logging.WARNING, logger="bgq.test_persist"):
         assert _executor(db).persist(lambda conn: conn, "bgq: Writing the result failed.") is None

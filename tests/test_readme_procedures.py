@@ -1,4 +1,4 @@
-"""Every procedure signature README.md documents is the one in bgq/procs.py and on the server."""
+"""Every procedure signature README.md documents is the one in bgq/signatures.py and on the server."""
 
 from __future__ import annotations
 

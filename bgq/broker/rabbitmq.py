@@ -14,7 +14,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
@@ -215,6 +215,21 @@ def connection_parameters(url: str, connection_name: str) -> pika.URLParameters:
     if "client_properties" not in given:
         params.client_properties = {"connection_name": connection_name}
     return params
+
+
+def _ioloop_timer(
+    connection: BlockingConnection, delay: float, callback: Callable[[], None]
+) -> Callable[[], None]:
+    """Call `callback` after `delay` seconds from inside whatever the connection is waiting on;
+    return what cancels it. The one place bgq touches pika's private API, on purpose: the public
+    BlockingConnection.call_later fires only in process_data_events, never while basic_publish
+    waits for a publisher confirm, which is the wait this bounds. The adapter timer of the
+    underlying connection (`_impl._adapter_call_later`, `_adapter_remove_timeout`) is the
+    mechanism pika's own process_data_events(time_limit) uses; tests/test_private_apis.py fails
+    loudly the day pika renames it."""
+    impl = connection._impl
+    timer = impl._adapter_call_later(delay, callback)
+    return lambda: impl._adapter_remove_timeout(timer)
 
 
 class _ConfirmTimeout(Exception):
@@ -470,10 +485,9 @@ class RabbitMQ:
     ) -> None:
         """basic_publish, bounded by confirm_timeout.
 
-        BlockingChannel.basic_publish waits for the confirm with no limit of its own, and the timers of
-        BlockingConnection.call_later only fire in process_data_events. So the bound is an ioloop timer
-        on the underlying connection (the mechanism pika's own process_data_events(time_limit) uses);
-        it raises out of the wait, and the caller then throws the connection away.
+        BlockingChannel.basic_publish waits for the confirm with no limit of its own; the bound is
+        an ioloop timer (_ioloop_timer), which raises out of the wait, and the caller then throws
+        the connection away.
         """
         connection = channel.connection
         fired = False
@@ -483,14 +497,14 @@ class RabbitMQ:
             fired = True
             raise _ConfirmTimeout()
 
-        timer = connection._impl._adapter_call_later(self._confirm_timeout, expire)
+        cancel = _ioloop_timer(connection, self._confirm_timeout, expire)
         try:
             channel.basic_publish(
                 exchange, routing_key, body.encode(), properties=_PROPERTIES, mandatory=True
             )
         finally:
             if not fired and not connection.is_closed:
-                connection._impl._adapter_remove_timeout(timer)
+                cancel()
 
     def _drop(self) -> None:
         channel, connection = self._channel, self._connection

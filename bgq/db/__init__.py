@@ -1,15 +1,13 @@
-"""The database seam: one engine per queue, explicit transactions, dialect-specific call syntax."""
+"""The database seam: one engine per queue, explicit transactions, the one call path of every statement."""
 
 from __future__ import annotations
 
 import inspect
 import logging
-import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
-from urllib.parse import quote, unquote
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -26,83 +24,15 @@ from ..errors import (
 )
 from .alone import Alone, Sent
 from .dialect import Dialect, InstalledRoutine, Proc
+from .urls import dialect_for, dialect_name, normalise_url, render_url
+
+if TYPE_CHECKING:
+    from .aio_postgres import AsyncPostgres
 
 __all__ = [
     "Database", "Dialect", "InstalledRoutine", "Proc", "Sent", "dialect_for", "dialect_name", "normalise_url",
+    "render_url",
 ]  # fmt: skip
-
-
-def dialect_name(backend: str) -> str | None:
-    """bgq's name ("mysql" or "postgres") for a SQLAlchemy backend name, or None if unsupported."""
-    if backend in ("mysql", "mariadb"):
-        return "mysql"
-    if backend in ("postgresql", "postgres"):
-        return "postgres"
-    return None
-
-
-def dialect_for(url: sa.URL) -> Dialect:
-    name = dialect_name(url.get_backend_name())
-    if name == "mysql":
-        from .mysql import MySQLDialect
-
-        return MySQLDialect()
-    if name == "postgres":
-        from .postgres import PostgresDialect
-
-        return PostgresDialect()
-    raise _unsupported(url.get_backend_name())
-
-
-def _unsupported(backend: str) -> DatabaseError:
-    return DatabaseError(f"Unsupported database {backend!r}: use mysql+pymysql:// or postgresql+psycopg://.")
-
-
-def normalise_url(raw: str) -> sa.URL:
-    """Parse a database URL and pick bgq's drivers when none is named (`postgres://` and
-    `postgresql://` become postgresql+psycopg, `mysql://` and `mariadb://` +pymysql). A URL that
-    does not parse or names another database raises DatabaseError, before anything connects."""
-    try:
-        url = sa.make_url(_hosts_to_query(raw))
-    except Exception as exc:  # sqlalchemy raises ArgumentError with the URL in it
-        raise DatabaseError(f"Invalid database URL: {exc}") from None
-    # The driver is read off the URL's text: SQLAlchemy's get_driver_name() loads the dialect,
-    # which fails for names it does not know, such as the common "postgres://".
-    backend, _, driver = url.drivername.partition("+")
-    name = dialect_name(backend)
-    if name is None:
-        raise _unsupported(backend)
-    if name == "mysql" and driver != "pymysql":
-        url = url.set(drivername=f"{backend}+pymysql")
-    elif name == "postgres" and driver != "psycopg":
-        url = url.set(drivername="postgresql+psycopg")
-    return url
-
-
-#: A libpq multi-host URI: scheme://[userinfo@]host1[:port1],host2[:port2].../rest.
-_MULTI_HOST = re.compile(
-    r"^(?P<scheme>postgres(?:ql)?(?:\+\w+)?)://(?:(?P<auth>[^@/?]*)@)?(?P<hosts>[^/?@]*,[^/?@]*)(?P<rest>[/?].*)?$"
-)
-
-
-def _hosts_to_query(raw: str) -> str:
-    """libpq's multi-host URI, `postgresql://u@h1:p1,h2:p2/db?...`, in the form SQLAlchemy
-    parses (its URL has one host and one port): `postgresql://u@/db?host=h1:p1&host=h2:p2&...`,
-    which its psycopg dialect hands to libpq as host=h1,h2 port=p1,p2. Any other URL as it is."""
-    m = _MULTI_HOST.match(raw.strip())
-    if m is None:
-        return raw
-    hosts = [h.strip() for h in m["hosts"].split(",") if h.strip()]
-    rest = m["rest"] or "/"
-    path, _, query = rest.partition("?")
-    params = "&".join(f"host={quote(h, safe='[]:')}" for h in hosts)
-    auth = f"{m['auth']}@" if m["auth"] is not None else ""
-    return f"{m['scheme']}://{auth}{path or '/'}?{params}{'&' + query if query else ''}"
-
-
-def render_url(url: sa.URL) -> str:
-    """`url` as people read it, the password hidden: a multi-host URL's `host=h:p` unquoted."""
-    return unquote(url.render_as_string(hide_password=True))
 
 
 def _check_url_options(engine: sa.Engine) -> None:
@@ -116,10 +46,21 @@ def _check_url_options(engine: sa.Engine) -> None:
         raise DatabaseError(f"Invalid database URL: {engine.dialect.driver}.connect() {exc}.") from None
 
 
+#: A statement's parameters: a sequence for %s placeholders, a mapping for %(name)s ones.
+Params = Sequence[Any] | Mapping[str, Any]
+
+
+def _params(params: Params) -> tuple[Any, ...] | dict[str, Any]:
+    """A statement's parameters as the driver takes them: %s by position, %(name)s by name."""
+    return dict(params) if isinstance(params, Mapping) else tuple(params)
+
+
 def _one_line(exc: BaseException) -> str:
     """A driver error's message on one line (psycopg's carry a second line of context)."""
     return " ".join(str(exc).split())
 
+
+_PG_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction begun on the connection
 
 #: Default of the Queue option `lock_timeout`, in seconds.
 LOCK_TIMEOUT = 5
@@ -190,6 +131,10 @@ class Database:
             event.listen(self.engine, "begin", self._on_begin_causal)
         self._local = threading.local()
         self.alone = Alone(self, POOL_SIZE + MAX_OVERFLOW, POOL_SIZE)
+        self._aio: AsyncPostgres | None = None
+        # `call`'s statements and the fast path's result columns, by (table, procedure).
+        self._statements: dict[tuple[str, str], str] = {}
+        self._columns: dict[tuple[str, str], list[str]] = {}
 
     def _on_connect(self, dbapi_connection: Any, _record: Any) -> None:
         """Bound lock waits and idle transactions on bgq's own sessions (never the application's)."""
@@ -325,14 +270,144 @@ class Database:
     def safe_url(self) -> str:
         return render_url(self.url)
 
-    def call(self, conn: Connection, table: str, proc: Proc, args: Sequence[Any]) -> list[dict[str, Any]]:
-        """Call a procedure on `conn` (inside the caller's transaction) and return its rows."""
+    # --- the call seam: every statement bgq runs goes through one of these methods (and
+    # execute_alone, send_alone, detached, listener_connect, aio), and a driver error raised by
+    # any of them leaves it translated by `translate`, here and nowhere else ---
+
+    def call(
+        self, conn: Connection, table: str, proc: Proc, args: Sequence[Any], *, fast: bool = False,
+        alone: bool = False,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """Call a procedure on `conn` (inside the caller's transaction) and return its rows.
+
+        `fast`: on the DBAPI cursor of `conn`, past SQLAlchemy's statement and result layers
+        (the worker's hot path: claim_batch, hand_off); on a lost connection `conn` is
+        invalidated, as SQLAlchemy would, so the next transaction opens a new one.
+
+        `alone` (with `fast`): the caller's transaction holds this call and nothing else, so on
+        PostgreSQL, when nothing has run in the transaction yet, the call runs as a statement of
+        its own (autocommit for that statement: one round trip instead of BEGIN, the call,
+        COMMIT; a function's statement is atomic, and its locks last until it ends, which is the
+        transaction's end). The transaction's COMMIT then has nothing to do (psycopg sends
+        nothing). On MySQL a CALL is not atomic by itself, so `alone` changes nothing there."""
         if len(args) != len(proc.params):
             raise TypeError(f"{proc.name} takes {len(proc.params)} arguments, got {len(args)}")
-        result = conn.exec_driver_sql(self.dialect.call_sql(table, proc), tuple(args))
-        if not result.returns_rows:
-            return []
-        return [dict(row) for row in result.mappings().all()]
+        key = (table, proc.name)
+        statement = self._statements.get(key)
+        if statement is None:
+            statement = self._statements[key] = self.dialect.call_sql(table, proc)
+        if not fast:
+            return self.rows(conn, statement, tuple(args))
+        raw: Any = conn.connection.driver_connection
+        single = alone and self.dialect.name == "postgres" and raw.info.transaction_status == _PG_IDLE
+        try:
+            if single:
+                raw.autocommit = True
+            try:
+                cursor = raw.cursor()
+                try:
+                    cursor.execute(statement, tuple(args))
+                    # A procedure's columns never change: read once (psycopg builds its
+                    # description afresh, column by column, on each read).
+                    names = self._columns.get(key)
+                    if names is None:
+                        description = cursor.description
+                        if description is None:
+                            return []
+                        names = self._columns[key] = [column[0] for column in description]
+                    return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
+                finally:
+                    cursor.close()
+            finally:
+                if single and not raw.closed:
+                    raw.autocommit = False
+        except self.driver_error as exc:
+            error = self.translate(exc)
+            if isinstance(error, DatabaseUnavailableError):
+                conn.invalidate()
+            raise error from exc
+
+    def rows(self, conn: Connection, sql: str, params: Params = ()) -> list[dict[str, Any]]:
+        """Run one statement (%s placeholders) on `conn`, in its transaction; its rows by column."""
+        try:
+            result = conn.exec_driver_sql(sql, _params(params))
+            return [dict(row) for row in result.mappings().all()] if result.returns_rows else []
+        except (sa.exc.DBAPIError, self.driver_error) as exc:
+            raise self.translate(exc) from exc
+
+    def tuples(self, conn: Connection, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
+        """`rows` as tuples straight from the driver (thousands of rows: no dict per row)."""
+        try:
+            result = conn.exec_driver_sql(sql, _params(params))
+            return [tuple(row) for row in result.all()] if result.returns_rows else []
+        except (sa.exc.DBAPIError, self.driver_error) as exc:
+            raise self.translate(exc) from exc
+
+    def scalar(self, conn: Connection, sql: str, params: Params = ()) -> Any:
+        """The one value of a statement that returns one row of one column."""
+        try:
+            return conn.exec_driver_sql(sql, _params(params)).scalar_one()
+        except (sa.exc.DBAPIError, self.driver_error) as exc:
+            raise self.translate(exc) from exc
+
+    def execute(self, conn: Connection, sql: str, params: Params = ()) -> int | None:
+        """Run a statement that returns no rows; the cursor's lastrowid (MySQL's auto-increment)."""
+        try:
+            result = conn.exec_driver_sql(sql, _params(params))
+            lastrowid: int | None = result.lastrowid if self.dialect.name == "mysql" else None
+            return lastrowid
+        except (sa.exc.DBAPIError, self.driver_error) as exc:
+            raise self.translate(exc) from exc
+
+    def execute_verbatim(
+        self, conn: Connection, statements: Sequence[str], values: Sequence[Any] | None = None
+    ) -> tuple[list[tuple[Any, ...]], int | None]:
+        """Run `statements` on the DBAPI cursor of `conn`, in its transaction, as they are (no
+        parameter markers: a '%' stays a '%'; install-procs' DDL); with `values`, the one
+        statement's %s written in by the client first (MySQL's bulk INSERT, db/mysql.py inline).
+        The last one's (rows, lastrowid)."""
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            rows: list[tuple[Any, ...]] = []
+            for statement in statements:
+                if values is not None:
+                    from .mysql import inline
+
+                    statement = inline(cursor.connection, statement, values)
+                cursor.execute(statement)
+                rows = list(cursor.fetchall()) if cursor.description is not None else []
+            return rows, getattr(cursor, "lastrowid", None)
+        except self.driver_error as exc:
+            raise self.translate(exc) from exc
+        finally:
+            cursor.close()
+
+    def detached(self) -> Any:
+        """A new driver connection of the engine's (its session settings), in autocommit mode and
+        detached from the pool: the caller's alone, who closes it (the MySQL Prober)."""
+        try:
+            raw = self.engine.raw_connection()
+        except (sa.exc.DBAPIError, self.driver_error) as exc:
+            raise self.translate(exc) from exc
+        driver = raw.driver_connection
+        assert driver is not None  # a fresh raw connection holds its driver connection
+        raw.detach()  # this connection never goes back to the pool
+        try:
+            self.dialect.keep_autocommit(driver)
+        except self.driver_error as exc:
+            driver.close()
+            raise self.translate(exc) from exc
+        return driver
+
+    @property
+    def aio(self) -> AsyncPostgres:
+        """The asyncio connections of `publish_async` (PostgreSQL; psycopg's asyncio side is
+        loaded on first use)."""
+        if self._aio is None:
+            from .aio_postgres import AsyncPostgres
+
+            self._aio = AsyncPostgres(self)
+        return self._aio
 
     def execute_alone(self, sql: str, values: Sequence[Any]) -> tuple[list[tuple[Any, ...]], int | None]:
         """Run one statement in a transaction of its own, in one round trip, on a connection bgq
@@ -348,6 +423,23 @@ class Database:
         meanwhile, validates its next batch). The errors are execute_alone's, raised here or by
         `rows()`."""
         return self.alone.send(sql, values)
+
+    async def aclose(self) -> None:
+        """Close the running event loop's asyncio connection (`aio`), if it has one."""
+        if self._aio is not None:
+            await self._aio.aclose()
+
+    def insert_returning(self) -> bool:
+        """Whether the server's INSERT takes RETURNING (PostgreSQL, MariaDB 10.5+; not MySQL 8),
+        learnt on the engine's first connection."""
+        dialect = self.engine.dialect
+        if dialect.server_version_info is None:
+            try:
+                with self.engine.connect():
+                    pass
+            except (sa.exc.DBAPIError, self.driver_error) as exc:
+                raise self.translate(exc) from exc
+        return bool(dialect.insert_returning)
 
     def listener_connect(self) -> Any:
         """A new psycopg connection in autocommit mode for LISTEN: to `listen_url` when set, else

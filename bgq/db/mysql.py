@@ -28,10 +28,6 @@ from ..errors import (
 )
 from .dialect import InstalledRoutine, InstallLockSql, Proc
 
-# The two halves of PyMySQL's Cursor.execute that `send` and `read` call apart.
-_CAN_SEND = all(
-    hasattr(pymysql.connections.Connection, m) for m in ("_execute_command", "_read_query_result")
-)
 # MYSQL_ERRNO values the procedures SIGNAL (db/mysql/*.sql headers).
 _BGQ_ERRORS: dict[int, type[BgqError]] = {31001: JobNotFoundError, 31002: DatabaseError, 31003: JobStateError}
 _NOT_INSTALLED = {1146, 1305}  # no such table; no such procedure or function
@@ -72,7 +68,7 @@ SERVER_ERRORS: dict[int, type[DatabaseError]] = {
 
 class MySQLDialect:
     name = "mysql"
-    can_send = _CAN_SEND
+    can_send = True  # PyMySQLInternals; tests/test_private_apis.py fails if PyMySQL moves them
 
     def call_sql(self, table: str, proc: Proc) -> str:
         marks = ", ".join(["%s"] * len(proc.params))
@@ -183,20 +179,17 @@ class MySQLDialect:
 
     def keep_autocommit(self, dbapi_connection: Any) -> int:
         dbapi_connection.autocommit(True)
-        return int(dbapi_connection._sock.fileno())  # PyMySQL has no public accessor
+        return PyMySQLInternals(dbapi_connection).fileno()
 
     def send(self, dbapi_connection: Any, sql: str, values: Sequence[Any]) -> None:
         """Write `sql` with its values (inline) as one COM_QUERY and return without reading the
         reply: on an autocommit connection the server runs and commits it meanwhile, and `read`
-        reads the reply. PyMySQL's cursor does both in execute(); these are its two halves
-        (Connection._execute_command, _read_query_result: private, there since PyMySQL 0.x;
-        `can_send` is False if a version lacks them)."""
-        dbapi_connection._execute_command(COMMAND.COM_QUERY, inline(dbapi_connection, sql, values))
+        reads the reply. PyMySQL's cursor does both in execute() (PyMySQLInternals)."""
+        PyMySQLInternals(dbapi_connection).send_query(inline(dbapi_connection, sql, values))
 
     def read(self, dbapi_connection: Any) -> list[tuple[Any, ...]]:
         """The rows of the statement `send` wrote (as PyMySQL converts them), or its error."""
-        dbapi_connection._read_query_result()
-        return list(dbapi_connection._result.rows or ())
+        return PyMySQLInternals(dbapi_connection).read_rows()
 
     def idle_outside_transaction(self, dbapi_connection: Any) -> bool:
         """Open (autocommit on: PyMySQL has no transaction status; a broken one is closed)."""
@@ -241,6 +234,58 @@ class MySQLDialect:
                 " WHERE name = %(table)s AND holder = %(holder)s"
             ),
         )
+
+
+class PyMySQLInternals:
+    """The one place bgq touches PyMySQL's private API, on purpose: PyMySQL has no public way
+    to send a statement and read its reply later (its `query()` does both at once; a thread per
+    statement would be the only public alternative, a second concurrency mechanism for one
+    optimisation: a bulk publish that validates its next batch while the server inserts this
+    one), nor to reach a connection's socket (Alone polls it to see a server's goodbye without
+    a round trip). Each name here is in PyMySQL since 0.x, through 1.x and 2.x;
+    tests/test_private_apis.py fails loudly the day one is renamed or changes its shape."""
+
+    #: The private attributes used, checked by the test against the installed PyMySQL.
+    NAMES = ("_execute_command", "_read_query_result", "_result", "_sock")
+
+    def __init__(self, dbapi_connection: Any) -> None:
+        self._conn = dbapi_connection
+
+    def fileno(self) -> int:
+        """The file descriptor of the connection's socket."""
+        return int(self._conn._sock.fileno())
+
+    def send_query(self, sql: str) -> None:
+        """The first half of Cursor.execute: write `sql` as one COM_QUERY, read nothing."""
+        self._conn._execute_command(COMMAND.COM_QUERY, sql)
+
+    def read_rows(self) -> list[tuple[Any, ...]]:
+        """The second half: read the reply of the statement sent (its rows, or its error)."""
+        self._conn._read_query_result()
+        return list(self._conn._result.rows or ())
+
+
+#: MySQL 8's bulk INSERT without RETURNING: the auto-increment settings that say whether one
+#: INSERT ... VALUES gets consecutive ids (consecutive_ids).
+AUTOINC_SQL = "SELECT @@innodb_autoinc_lock_mode, @@auto_increment_increment"
+
+
+def consecutive_ids(lock_mode: Any, increment: Any) -> int | None:
+    """The step between the ids of one multi-row INSERT ... VALUES (InnoDB gives them
+    consecutively, stepping by auto_increment_increment, under innodb_autoinc_lock_mode 0 or 1),
+    or None under 2 (interleaved), where they need not be consecutive."""
+    return None if int(lock_mode) == 2 else int(increment)
+
+
+def values_sql(table: str, columns: Sequence[str], count: int, now: str, returning: str) -> str:
+    """The bulk INSERT ... VALUES: a row of %s per column (then `now` for created_at and
+    updated_at) for each of `count` jobs, and `returning` (MariaDB: " RETURNING id")."""
+    row = "(" + ", ".join(["%s"] * len(columns)) + f", {now}, {now})"
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}, created_at, updated_at) VALUES "
+        + ", ".join([row] * count)
+        + returning
+    )
 
 
 def inline(dbapi_connection: Any, sql: str, values: Sequence[Any]) -> str:

@@ -8,7 +8,6 @@ import json
 import time
 
 import pytest
-import sqlalchemy as sa
 
 import bgq
 from tests.support.helpers import (
@@ -575,7 +574,7 @@ def test_a_limit_below_one_raises_and_writes_nothing(installed, bad_limit):
     assert "claim_batch limit must be at least 1" in str(caught.value)
 
     with held_transaction(installed) as conn:  # even a caller that commits after the error
-        with pytest.raises(sa.exc.DBAPIError):
+        with pytest.raises(bgq.DatabaseError):  # translated at the call seam (Database.call)
             procs(installed).claim_batch(conn, QUEUE, bad_limit, PID, None, None, 1500, T0)
         conn.commit()
     assert {j: row(installed, j) for j in (loner, head)} == before

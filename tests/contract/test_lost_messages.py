@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bgq.procs import LOST_MESSAGES
+from bgq.signatures import LOST_MESSAGES
 from tests.support.helpers import (
     T0,
     at,
