@@ -235,13 +235,19 @@ def rabbit():
 def broker_queue(make_queue, rabbit):
     from bgq.broker.rabbitmq import RabbitMQ
 
+    producers: list[RabbitMQ] = []  # the application owns its producer: Queue.close() leaves it open
+
     def factory(**options):
-        options.setdefault("producer", RabbitMQ(AMQP_URL))
+        if "producer" not in options:
+            options["producer"] = RabbitMQ(AMQP_URL)
+            producers.append(options["producer"])
         options.setdefault("priorities", [1, 2, 3])
         options.setdefault("queue", rabbit.base)
         return make_queue(**options)
 
-    return factory
+    yield factory
+    for producer in producers:
+        producer.close()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import time
 from collections import defaultdict
 
 from sqlalchemy import create_engine
@@ -324,11 +323,14 @@ def test_a_killed_consumer_does_not_get_its_job_run_twice(broker_queue, rabbit, 
     victim.kill()
     victim.join(10)
     (survivor,) = _start_consumers(installed, ledger, rabbit.base, 1)
-    time.sleep(3)
+    # A later job of the same queue, run by the survivor: a redelivered message of the killed
+    # consumer's job would have come to it first.
+    later = queue.publish("slow", ["later", None, 0.0])
+    wait_until(lambda: state_of(installed, later) == JobState.FINISHED, "the later job to run", 60.0, 0.1)
     starts = defaultdict(int)
     for _, token, _, event in ledger_worker.read_ledger(installed.url, ledger):
         starts[(token, event)] += 1
-    assert starts == {("k", "start"): 1}
+    assert starts == {("k", "start"): 1, ("later", "start"): 1, ("later", "end"): 1}
     assert state_of(installed, job) == JobState.PROCESSING
     assert rabbit.count(f"{rabbit.base}_1") == 0
     survivor.terminate()

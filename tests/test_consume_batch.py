@@ -9,21 +9,25 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 from collections import Counter
 
 from pika.adapters.blocking_connection import BlockingChannel
 
 import bgq.consumer
+import bgq.executor
+import bgq.heartbeat
+import bgq.pipeline
 from bgq import JobState
 from bgq.stopping import GracefulStop
 from tests.conftest import AMQP_URL
 from tests.support import ledger_worker
+from tests.support.clock import fake_time
 from tests.support.helpers import (
     PID,
     WAITING_MS,
     fail_first_follow_up,
     procs,
+    slow_write,
     state_of,
     wait_until,
 )
@@ -235,7 +239,7 @@ def test_a_slow_writer_holds_back_the_takes_so_few_results_wait_unwritten(
     finish_batch = queue.store.procs.finish_batch
 
     def slow_finish_batch(conn, results, *args, **kwargs):
-        time.sleep(0.05)
+        slow_write()
         out = finish_batch(conn, results, *args, **kwargs)
         written[0] += len(results)
         return out
@@ -243,7 +247,7 @@ def test_a_slow_writer_holds_back_the_takes_so_few_results_wait_unwritten(
     finish = queue.store.procs.finish
 
     def slow_finish(conn, *args, **kwargs):  # a batch of one result is written by finish
-        time.sleep(0.05)
+        slow_write()
         out = finish(conn, *args, **kwargs)
         written[0] += 1
         return out
@@ -265,7 +269,17 @@ def test_a_grouped_job_given_back_sends_the_job_its_group_promoted(
     sent then (not left to the lost-message pass, an hour later), and B runs before H."""
     monkeypatch.setattr(bgq.consumer, "FIRST_ESTIMATE", 1e-6)
     ran: list[str] = []
-    queue = broker_queue(callbacks={"slow": lambda: (ran.append("slow"), time.sleep(2.5)), "rec": ran.append})
+    b_waiting = threading.Event()
+    # the clock of the consumer's takes, of its pipeline's hold, of the late-start check and the heartbeat
+    fake = fake_time(monkeypatch, bgq.consumer, bgq.pipeline, bgq.executor, bgq.heartbeat)
+
+    def slow() -> None:
+        ran.append("slow")
+        assert b_waiting.wait(20), "B never turned WAITING"
+        fake.advance(1.5)  # this job has run past the 1 s hold: H, held behind it, is given back
+        wait_until(lambda: state_of(installed, head) != JobState.PROCESSING, "H to be given back", 15)
+
+    queue = broker_queue(callbacks={"slow": slow, "rec": ran.append})
     queue.publish("slow", priority=2)
     head = queue.publish("rec", ["H"], serial_group="g", priority=2)
     stop = GracefulStop()
@@ -284,6 +298,7 @@ def test_a_grouped_job_given_back_sends_the_job_its_group_promoted(
         with installed.db.transaction() as conn:
             taken = procs(installed).claim(conn, better, rabbit.base, PID, WAITING_MS, None)
         assert taken.outcome != "claimed" and state_of(installed, better) == JobState.WAITING, taken
+        b_waiting.set()
         wait_until(
             lambda: ran[-2:] == ["B", "H"],
             f"B then H ran (ran {ran}; B is {state_of(installed, better)})",

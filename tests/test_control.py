@@ -13,6 +13,7 @@ import sqlalchemy as sa
 import bgq
 from bgq.install import render
 from bgq.model import JobState
+from tests.support.clock import Clock
 from tests.support.helpers import state_of, wait_until
 
 
@@ -192,14 +193,15 @@ def _run_in_thread(queue, job_id: int) -> threading.Thread:
 
 
 def test_aborting_a_running_cooperative_job_stops_it_within_one_heartbeat(make_queue, installed, capsys):
-    seen: dict[str, Any] = {"started": threading.Event()}
+    seen: dict[str, Any] = {"started": threading.Event(), "beats": 0}
 
     def cooperative() -> None:
         seen["started"].set()
         try:
             while True:
-                time.sleep(0.1)
+                time.sleep(0.1)  # real: the job's work between heartbeats, which the latency bound counts
                 queue.heartbeat()
+                seen["beats"] += 1
         except bgq.JobAborted as exc:
             seen["aborted_at"] = time.monotonic()
             seen["message"] = str(exc)
@@ -209,7 +211,7 @@ def test_aborting_a_running_cooperative_job_stops_it_within_one_heartbeat(make_q
     job = queue.publish("long")
     worker = _run_in_thread(queue, job)
     assert seen["started"].wait(15)
-    time.sleep(0.3)  # a few heartbeats while it runs
+    wait_until(lambda: seen["beats"] >= 3, "a few heartbeats while it runs", 15)
     cancelled_at = time.monotonic()
     assert queue.cancel(job, "operator stop").outcome == "abort_requested"
     worker.join(15)
@@ -226,33 +228,37 @@ def test_aborting_a_running_cooperative_job_stops_it_within_one_heartbeat(make_q
 
 
 def test_a_callback_that_swallows_the_abort_is_still_recorded_cancelled(make_queue, installed):
+    cancelled, swallowed = threading.Event(), threading.Event()
+
     def stubborn() -> None:
-        for _ in range(50):
-            time.sleep(0.05)
-            try:
-                queue.heartbeat()
-            except bgq.JobAborted:
-                return  # ends "normally"
+        assert cancelled.wait(15)
+        try:
+            queue.heartbeat()
+        except bgq.JobAborted:
+            swallowed.set()
+            return  # ends "normally"
 
     queue = make_queue(callbacks={"stubborn": stubborn}, heartbeat_interval=0)
     job = queue.publish("stubborn")
     worker = _run_in_thread(queue, job)
     wait_until(lambda: state_of(installed, job) == JobState.PROCESSING, "the job is PROCESSING", 15.0)
     queue.cancel(job, "stop")
+    cancelled.set()
     worker.join(15)
+    assert swallowed.is_set(), "the heartbeat raised the abort in the callback"
     assert state_of(installed, job) == JobState.REDUNDANT
 
 
 def test_the_automatic_heartbeat_hook_raises_the_abort_from_the_callbacks_statement(make_queue, installed):
     app_engine = sa.create_engine(installed.url)
-    seen: dict[str, Any] = {}
+    seen: dict[str, Any] = {"queries": 0}
 
     def uses_the_database() -> None:
         try:
             while True:
                 with app_engine.connect() as conn:
                     conn.exec_driver_sql("SELECT 1")
-                time.sleep(0.05)
+                seen["queries"] += 1
         except bgq.JobAborted as exc:
             seen["aborted"] = str(exc)
             raise
@@ -263,7 +269,7 @@ def test_the_automatic_heartbeat_hook_raises_the_abort_from_the_callbacks_statem
         job = queue.publish("db")
         worker = _run_in_thread(queue, job)
         wait_until(lambda: state_of(installed, job) == JobState.PROCESSING, "the job is PROCESSING", 15.0)
-        time.sleep(0.2)
+        wait_until(lambda: seen["queries"] >= 3, "the callback's queries", 15.0)
         with app_engine.connect() as conn:  # another thread: never raises here
             conn.exec_driver_sql("SELECT 1")
         queue.cancel(job, "hooked")
@@ -345,7 +351,8 @@ def test_a_zombies_run_is_logged_as_taken_over_not_as_a_retry(make_queue, instal
 
 def test_the_heartbeat_reports_an_abort_for_the_current_attempt_only(make_queue, installed):
     """An abort requested during attempt 1 must not stop attempt 2 after a requeue."""
-    queue = make_queue()
+    clock = Clock()
+    queue = make_queue(clock=clock)
     job = queue.publish("noop")
     procs = queue.procs
     with queue.database.transaction() as conn:
@@ -357,7 +364,7 @@ def test_the_heartbeat_reports_an_abort_for_the_current_attempt_only(make_queue,
     with queue.database.transaction() as conn:
         procs.finish(conn, job, 1, 7, beat.reason, None, 1, None)
     queue.requeue(job, "run it after all")
-    time.sleep(0.01)  # the next claim's clock is after the abort request
+    clock.advance(0.01)  # the next claim's clock is after the abort request
     with queue.database.transaction() as conn:
         assert procs.claim(conn, job, "general", 1, 1000, None).attempt == 2
     with queue.database.transaction() as conn:
@@ -404,14 +411,15 @@ def test_a_cancelled_job_whose_worker_went_silent_is_reaped_as_cancelled_not_ret
 
 
 def test_an_abort_requested_during_an_earlier_attempt_does_not_cancel_a_reaped_retry(make_queue, installed):
-    queue = make_queue(stalled_job_timeout=60)
+    clock = Clock()
+    queue = make_queue(stalled_job_timeout=60, clock=clock)
     job = queue.publish("noop")
     _claim(queue, job)
     assert queue.cancel(job, "stop").outcome == "abort_requested"
     with queue.database.transaction() as conn:
         queue.procs.finish(conn, job, 1, 7, "Cancelled: stop", None, 1, None)
     queue.requeue(job, "run it after all")
-    time.sleep(0.01)  # the next claim's clock is after the abort request
+    clock.advance(0.01)  # the next claim's clock is after the abort request
     _claim(queue, job)
     later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5)
     assert [(r.id, r.state) for r in queue.reaper.run_once(later)] == [(job, JobState.TEMPORARILY_FAILED)]

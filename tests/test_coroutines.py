@@ -21,8 +21,9 @@ import pytest
 from bgq import JobState, PriorityError, PublishError, SerializationError, UnknownCallbackError, aio
 from tests.conftest import AMQP_URL
 from tests.support.cli import BGQ
-from tests.support.helpers import state_of
-from tests.support.work_app import ROOT, read_ledger, wait_until
+from tests.support.clock import Clock
+from tests.support.helpers import state_of, wait_until
+from tests.support.work_app import ROOT, read_ledger
 
 
 def noop(*args, **kwargs):
@@ -103,8 +104,8 @@ def test_coroutines_in_work_mode_with_forked_workers(make_queue, installed, ledg
                 all(state_of(installed, i) == JobState.FINISHED for i in greet.values())
                 and state_of(installed, bad) == JobState.TEMPORARILY_FAILED
             ),
-            60,
             "the jobs to run",
+            60,
         )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
@@ -132,13 +133,14 @@ def test_coroutines_in_broker_mode(broker_queue, installed, ledger, app_env, rab
 
 
 def test_heartbeat_from_a_coroutine_callback_moves_updated_at(make_queue, installed):
-    seen = {}
-    queue = make_queue(heartbeat_interval=0)
+    seen, clock = {}, Clock()
+    queue = make_queue(heartbeat_interval=0, clock=clock)
 
     @queue.task
     async def long(job: str) -> None:
         (row,) = installed.sql("SELECT id, updated_at FROM {t} WHERE callback_name = 'long'")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)
+        clock.advance(0.05)  # 50 ms into the job
         queue.heartbeat()
         (later,) = installed.sql("SELECT updated_at FROM {t} WHERE id = %s", (row["id"],))
         seen["before"], seen["after"] = row["updated_at"], later["updated_at"]

@@ -18,7 +18,7 @@ import pytest
 from bgq import JobState
 from bgq.cron import PROCESS_LIMIT
 from tests.support import work_app
-from tests.support.work_app import wait_until
+from tests.support.helpers import wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)
 
 
@@ -111,17 +111,24 @@ def _hosts(runner, hosts: int, tmp_path, deadline: float, done) -> int:
     running: list[Any] = [None] * hosts
     runs = 0
     base_env = runner.env
+
+    def finished() -> bool:  # else: a new run on every host whose run ended
+        nonlocal runs
+        if done():
+            return True
+        for n in range(hosts):
+            if running[n] is None or running[n].poll() is not None:
+                if running[n] is not None:
+                    assert running[n].returncode == 0, runner.output(running[n])
+                runner.env = envs[n]
+                running[n] = runner.start("process")
+                runs += 1
+        return False
+
     try:
-        while not done():
-            assert time.monotonic() < deadline, "the cron runs did not finish the backlog in time"
-            for n in range(hosts):
-                if running[n] is None or running[n].poll() is not None:
-                    if running[n] is not None:
-                        assert running[n].returncode == 0, runner.output(running[n])
-                    runner.env = envs[n]
-                    running[n] = runner.start("process")
-                    runs += 1
-            time.sleep(0.05)
+        wait_until(
+            finished, "the cron runs to finish the backlog", max(0.0, deadline - time.monotonic()), 0.05
+        )
     finally:
         runner.env = base_env
     return runs
@@ -143,7 +150,7 @@ def test_four_cron_hosts_finish_5000_jobs_in_50_groups_in_order(make_queue, inst
     runs = _hosts(runner, 4, tmp_path, started + 240, lambda: unfinished() == 0)
     seconds = time.monotonic() - started
     print(f"5000 jobs, 4 cron hosts: {seconds:.1f} s, {5000 / seconds:.0f} jobs/s, {runs} runs")
-    wait_until(lambda: all(p.poll() is not None for p in runner.procs), 30, "the last runs to exit")
+    wait_until(lambda: all(p.poll() is not None for p in runner.procs), "the last runs to exit", 30)
 
     events = [e for e in runner.events() if e["event"] in ("start", "end")]
     starts = [e["token"] for e in events if e["event"] == "start"]

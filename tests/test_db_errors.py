@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import psycopg
@@ -27,7 +26,14 @@ from bgq.errors import (
     StatementCanceledError,
 )
 from tests.conftest import DATABASE_URLS
-from tests.support.helpers import background, held_transaction, new_job, session_id, wait_for_lock_wait
+from tests.support.helpers import (
+    background,
+    held_transaction,
+    new_job,
+    session_id,
+    wait_for_lock_wait,
+    wait_session_gone,
+)
 
 # --- the mapping, on real driver exception objects (no server needed) ---
 
@@ -260,21 +266,6 @@ def test_the_retry_policy_runs_again_after_the_session_was_killed(dialect, insta
     assert len(sessions) == 2 and sessions[0] != sessions[1]
 
 
-def _session_gone(installed, dialect: str, session: int, timeout: float = 10.0) -> None:
-    """Poll until the server has closed `session` (it cut the idle transaction)."""
-    query = (
-        "SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST WHERE ID = %s"
-        if dialect == "mysql"
-        else "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE pid = %s"
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if int(installed.sql(query, (session,))[0]["n"]) == 0:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"session {session} still open after {timeout} s")
-
-
 def test_a_transaction_the_server_cut_for_idling_is_a_lost_connection(dialect, installed, own_db):
     """MariaDB idle_transaction_timeout / PostgreSQL idle_in_transaction_session_timeout."""
     setting = (
@@ -286,7 +277,7 @@ def test_a_transaction_the_server_cut_for_idling_is_a_lost_connection(dialect, i
         conn.exec_driver_sql(setting)
         session = session_id(conn)
         conn.exec_driver_sql(f"SELECT COUNT(*) FROM {installed.table}").all()
-        _session_gone(installed, dialect, session)
+        wait_session_gone(installed, session)
         conn.exec_driver_sql("SELECT 1")
     assert caught.value.retryable
 

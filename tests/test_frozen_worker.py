@@ -27,8 +27,7 @@ from bgq.errors import BgqError
 from bgq.model import JobResult
 from bgq.procs import Procs
 from tests.support import work_app
-from tests.support.helpers import session_id
-from tests.support.work_app import wait_until
+from tests.support.helpers import session_id, wait_session_gone, wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.slow
@@ -98,7 +97,7 @@ def test_a_session_frozen_in_the_hand_off_stalls_others_within_the_bound(make_qu
         workers = [runner.start("work") for _ in range(3)]
         runner.wait_ready(3)
         _publish(make_queue, _backlog(per_group=400, seed=3))
-        wait_until(lambda: _ends(runner) >= 50, 60, "the workers to be busy", interval=0.1)
+        wait_until(lambda: _ends(runner) >= 50, "the workers to be busy", 60, step=0.1)
 
         conn = holder.engine.connect()
         conn.begin()
@@ -108,7 +107,7 @@ def test_a_session_frozen_in_the_hand_off_stalls_others_within_the_bound(make_qu
         )  # fmt: skip
         assert written == {head.id: True} and [j.id for j in successor] == [frozen["gf-1"]["id"]]
         held_at = time.time()
-        time.sleep(hold)  # frozen: idle inside the transaction
+        time.sleep(hold)  # real: a session frozen idle in its transaction for longer than BOUND
         try:
             conn.exec_driver_sql("SELECT 1").all()
             cut = False
@@ -118,7 +117,7 @@ def test_a_session_frozen_in_the_hand_off_stalls_others_within_the_bound(make_qu
             conn.close()
         released_at = time.time()
 
-        wait_until(lambda: _ends(runner) >= 50, 5, "ledger")  # the ledger is readable
+        wait_until(lambda: _ends(runner) >= 50, "ledger", 5)  # the ledger is readable
         events = runner.events()
         gap = _longest_gap(events, held_at, released_at)
         done = sum(1 for e in events if e["event"] == "end" and held_at <= e["at"] <= released_at)
@@ -159,14 +158,15 @@ def test_sigstopped_workers_hold_up_the_others_only_within_the_bound(make_queue,
     workers = {p.pid: p for p in (runner.start("work") for _ in range(3))}
     runner.wait_ready(3)
     jobs = _publish(make_queue, _backlog(per_group=500, seed=7, ungrouped=300))
-    wait_until(lambda: _ends(runner) >= 50, 60, "the workers to be busy", interval=0.1)
+    wait_until(lambda: _ends(runner) >= 50, "the workers to be busy", 60, step=0.1)
     figures = []
     for _ in range(2):
-        time.sleep(rng.uniform(0.2, 1.5))
+        at = _ends(runner) + rng.randint(5, 60)  # a random instant: after some more jobs ended
+        wait_until(lambda at=at: _ends(runner) >= at, "more jobs to end", 60, 0.02)
         victim = rng.choice(sorted(workers))
         os.kill(victim, signal.SIGSTOP)
         stopped_at = time.time()
-        time.sleep(freeze)
+        time.sleep(freeze)  # real: a process stopped for longer than BOUND while the others work
         resumed_at = time.time()
         os.kill(victim, signal.SIGCONT)
         # The frozen worker finishes jobs again (its next transactions run on a new connection).
@@ -174,9 +174,9 @@ def test_sigstopped_workers_hold_up_the_others_only_within_the_bound(make_queue,
             lambda v=victim, t=resumed_at: any(
                 e["event"] == "end" and e["pid"] == v and e["at"] > t for e in runner.events()
             ),
-            30,
             f"worker {victim} to work again after SIGCONT",
-            interval=0.2,
+            30,
+            step=0.2,
         )
         others = set(workers) - {victim}
         gap = _longest_gap(runner.events(), stopped_at, resumed_at, others)
@@ -220,7 +220,8 @@ def test_a_session_cut_for_idling_in_a_transaction_is_replaced_at_the_next_trans
                 conn.exec_driver_sql(f"SELECT id FROM {installed.table} FOR UPDATE").all()
             with pytest.raises(BgqError), db.transaction() as conn:
                 conn.exec_driver_sql(f"SELECT id FROM {installed.table} FOR UPDATE").all()
-                time.sleep(2.5)  # frozen inside the transaction, longer than lock_timeout
+                # frozen inside the transaction until the server cuts it (idle for lock_timeout)
+                wait_session_gone(installed, session_id(conn))
                 conn.exec_driver_sql("SELECT 1").all()
             with db.transaction() as conn:
                 assert conn.exec_driver_sql("SELECT 1").scalar() == 1

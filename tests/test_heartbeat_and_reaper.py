@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from bgq import JobAborted, JobState, Queue, TemporaryErrorException
 from tests.support import ledger_worker
 from tests.support.clock import Clock
-from tests.support.helpers import set_row, unique_name, utc
+from tests.support.helpers import set_row, unique_name, utc, wait_until
 
 HOURS_AGO_2 = dt.timedelta(hours=2)
 
@@ -364,7 +364,7 @@ def test_app_queries_through_the_hook_keep_a_long_job_from_the_reaper(
         while time.monotonic() < deadline:
             _app_query(app_engine)
             queries.append(1)
-            time.sleep(0.25)
+            time.sleep(0.25)  # real: the job's work between app queries; the hook's throttle is wall-clock
 
     worker, reaper = _long_job_setup(make_queue, long_job, heartbeat_interval=1)
     worker.install_heartbeat(app_engine)
@@ -502,11 +502,12 @@ def test_a_sigkilled_workers_job_is_reaped_and_its_group_goes_on_in_order(make_q
     worker = ctx.Process(target=run_one_job, args=(installed.url, installed.table, ledger, dead))
     try:
         worker.start()
-        deadline = time.monotonic() + 30
-        while not installed.sql(f"SELECT seq FROM {ledger} WHERE token = 'dead'"):
-            assert time.monotonic() < deadline, "the worker never started the job"
+
+        def started() -> bool:
             assert worker.is_alive(), "the worker exited"
-            time.sleep(0.05)
+            return bool(installed.sql(f"SELECT seq FROM {ledger} WHERE token = 'dead'"))
+
+        wait_until(started, "the worker to start the job", 30, 0.05)
         os.kill(worker.pid, signal.SIGKILL)
         worker.join(10)
         assert worker.exitcode == -signal.SIGKILL
@@ -539,11 +540,14 @@ def test_a_sigkilled_workers_job_is_reaped_and_its_group_goes_on_in_order(make_q
         # 75: once its backoff is over, dead runs again, then the group in (priority, id) order.
         old = _now(installed) - HOURS_AGO_2
         set_row(installed, dead, created_at=old, last_attempt_at=old)
-        deadline = time.monotonic() + 8
-        while any(_row(installed, j)["state"] != JobState.FINISHED for j in (dead, worse, better)):
-            assert time.monotonic() < deadline, [_row(installed, j)["state"] for j in (dead, worse, better)]
+
+        def all_finished() -> bool:
+            if all(_row(installed, j)["state"] == JobState.FINISHED for j in (dead, worse, better)):
+                return True
             reaper.process()
-            time.sleep(0.2)
+            return False
+
+        wait_until(all_finished, "dead, worse and better to finish", 8, 0.2)
         events = [
             (r["token"], r["event"], r["pid"])
             for r in installed.sql(f"SELECT token, event, pid FROM {ledger} ORDER BY seq")

@@ -7,8 +7,8 @@ import os
 
 from bgq import JobState
 from tests.support.cli import run_bgq
-from tests.support.helpers import state_of
-from tests.support.work_app import ROOT, wait_until
+from tests.support.helpers import state_of, wait_until
+from tests.support.work_app import ROOT
 from tests.test_work import cli  # noqa: F401  (the fixture)
 
 FIELDS = {"job_id", "callback", "queue", "group", "attempt", "outcome", "duration_ms"}
@@ -60,7 +60,7 @@ def test_bgq_work_logs_json_when_bgq_log_format_says_so(make_queue, installed, c
     queue = make_queue(callbacks={"noop": print}, priorities=[1, 2, 3])
     ids = [queue.publish("noop", serial_group="g1" if n % 2 else None) for n in range(4)]
     proc = runner.start("work")
-    wait_until(lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids), 30, "the jobs to run")
+    wait_until(lambda: all(state_of(installed, i) == JobState.FINISHED for i in ids), "the jobs to run", 30)
     code, _ = runner.terminate(proc, timeout=20)
     assert code == 0
     output = runner.output(proc)

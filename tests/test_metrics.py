@@ -17,7 +17,8 @@ from bgq import JobState, PermanentErrorException, TemporaryErrorException, metr
 from bgq.model import WorkerMode
 from bgq.workers import Registry
 from tests.support.cli import BGQ
-from tests.support.work_app import ROOT, wait_until
+from tests.support.helpers import wait_until
+from tests.support.work_app import ROOT
 
 GROUPS = ("grp-secret-a", "grp-secret-b")
 
@@ -166,7 +167,7 @@ def test_bgq_metrics_serves_the_table_and_bgq_work_c2_adds_its_workers_counters(
         for c in commands
     ]
     try:
-        wait_until(lambda: _table_counts(installed) == {("general", 3): 6}, 60, "the six jobs to finish")
+        wait_until(lambda: _table_counts(installed) == {("general", 3): 6}, "the six jobs to finish", 60)
 
         # One forked worker may run all six before the other has registered: wait for both.
         def both_registered() -> dict[str, list] | None:
@@ -175,9 +176,9 @@ def test_bgq_metrics_serves_the_table_and_bgq_work_c2_adds_its_workers_counters(
             registered = _value(samples.get("bgq_workers", []), "bgq_workers", mode="work")
             return samples if registered == 2 else None
 
-        samples = wait_until(both_registered, 30, "bgq metrics to list the two work processes")
+        samples = wait_until(both_registered, "bgq metrics to list the two work processes", 30)
         assert _value(samples["bgq_jobs"], "bgq_jobs", queue="general", state="finished") == 6
-        text = wait_until(lambda: _scrape(work_port), 30, "bgq work --metrics-port to answer")
+        text = wait_until(lambda: _scrape(work_port), "bgq work --metrics-port to answer", 30)
         samples = _samples(text)
         assert _value(samples["bgq_jobs_processed"], "bgq_jobs_processed_total", outcome="finished") == 6
         assert _value(samples["bgq_jobs"], "bgq_jobs", queue="general", state="finished") == 6

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from bgq.db import Database
 from bgq.errors import LockTimeoutError, SchemaVersionError
 from bgq.install import SqlFiles, _statements, check_installed, install, render, sql_dir, uninstall
 from bgq.procs import Procs
-from tests.support.helpers import unique_name
+from tests.support.helpers import unique_name, wait_until
 
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 # The jobs table's columns in version 1 (every later column is a migration's).
@@ -307,7 +306,7 @@ def test_a_table_migrated_by_a_newer_bgq_is_refused(tables):
         install(db, fresh)
 
 
-def test_a_second_install_waits_for_the_first_one(tables, db_url):
+def test_a_second_install_waits_for_the_first_one(tables, db_url, caplog):
     db, old, _ = tables
     other = Database(db_url)
     result: list[bool] = []
@@ -315,9 +314,13 @@ def test_a_second_install_waits_for_the_first_one(tables, db_url):
         with migrate.install_lock(other, old):
             with pytest.raises(LockTimeoutError, match="Another `bgq install-procs` is running"):
                 install(db, old, lock_wait=0.5)
-            waiting = threading.Thread(target=lambda: result.append(install(db, old)))
-            waiting.start()
-            time.sleep(1.5)
+            caplog.clear()
+            with caplog.at_level("WARNING", logger="bgq"):
+                waiting = threading.Thread(target=lambda: result.append(install(db, old)))
+                waiting.start()
+                wait_until(
+                    lambda: "another install-procs is running" in caplog.text, "the second install waits"
+                )
             assert waiting.is_alive() and result == []
             with db.transaction() as conn:
                 assert not migrate.table_exists(db, conn, old)

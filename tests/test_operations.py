@@ -239,12 +239,12 @@ def test_checklist_103_a_killed_holders_lock_is_taken_over(tmp_path):
             "-c",
             textwrap.dedent(
                 f"""
-                import sys, time
+                import signal
                 from pathlib import Path
                 from bgq.cmdlock import command_lock
                 with command_lock("stale", Path({str(tmp_path)!r})):
                     print("held", flush=True)
-                    time.sleep(600)
+                    signal.pause()  # held until the test kills it
                 """
             ),
         ],
@@ -430,9 +430,9 @@ def test_checklist_103_a_killed_process_command_does_not_block_the_next(cli, ins
         [
             sys.executable,
             "-c",
-            f"import time; from pathlib import Path; from bgq.cmdlock import command_lock\n"
+            f"import signal; from pathlib import Path; from bgq.cmdlock import command_lock\n"
             f"with command_lock({name!r}, Path({str(cli.locks)!r})):\n"
-            f"    print('held', flush=True); time.sleep(600)\n",
+            f"    print('held', flush=True); signal.pause()\n",  # held until the test kills it
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -17,8 +17,7 @@ import pytest
 from bgq import JobState, Queue
 from bgq.cli import queue_lock_name
 from tests.support.cli import BGQ, bgq_vars, run_bgq
-from tests.support.helpers import unique_name
-from tests.support.work_app import wait_until
+from tests.support.helpers import unique_name, wait_until
 
 
 def slow_app(tmp_path: Path, installed) -> str:
@@ -37,7 +36,7 @@ def slow_app(tmp_path: Path, installed) -> str:
 
             def slow(name, seconds):
                 (MARKS / f"{{name}}.started").write_text(repr(time.time()))
-                time.sleep(seconds)
+                time.sleep(seconds)  # real: the job's run time in a `bgq process` child
 
 
             queue = bgq.Queue(
@@ -116,7 +115,7 @@ def lock_age(runs: Runs, installed) -> float:
 def test_a_stopped_process_run_is_reported_at_critical_with_its_pid_and_age(runs, make_queue, installed):
     (held,) = publish_slow(make_queue, ("hold", 120.0))
     holder = runs.start("process")
-    wait_until(lambda: (runs.tmp_path / "hold.started").exists(), 60, "the first run to start its job")
+    wait_until(lambda: (runs.tmp_path / "hold.started").exists(), "the first run to start its job", 60)
     os.kill(holder.pid, signal.SIGSTOP)  # hung: alive, holding the lock, doing nothing
 
     young = runs.run("process", env={"BGQ_STALE_AFTER": "3600"})
@@ -124,7 +123,7 @@ def test_a_stopped_process_run_is_reported_at_critical_with_its_pid_and_age(runs
     assert "is already running on this host; exiting." in young.stderr
     assert "CRITICAL" not in young.stderr  # held, but not for long: a normal overlap
 
-    wait_until(lambda: lock_age(runs, installed) > 1.5, 30, "the lock to be older than the bound")
+    wait_until(lambda: lock_age(runs, installed) > 1.5, "the lock to be older than the bound", 30)
     refused = runs.run("process", env={"BGQ_STALE_AFTER": "1"})
     assert refused.returncode == 0, refused.stderr
     assert refused.stdout == ""

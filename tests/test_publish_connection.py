@@ -7,7 +7,6 @@ import datetime as dt
 import json
 import multiprocessing
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,7 +14,7 @@ import pytest
 
 from bgq import ConnectionLostError, DatabaseError, OutcomeUnknownError, Queue
 from bgq.db import POOL_SIZE, alone
-from tests.support.helpers import background, count_rows, held_transaction, wait_until
+from tests.support.helpers import background, count_rows, held_transaction, wait_session_gone, wait_until
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -124,7 +123,7 @@ def test_a_connection_lost_while_the_insert_is_in_flight_raises_and_never_insert
             holder.exec_driver_sql("UNLOCK TABLES")
     assert caught.value.retryable is False
     assert "may or may not have been committed" in str(caught.value)
-    time.sleep(0.2)  # nothing was left to run late
+    wait_session_gone(installed, session)  # the killed INSERT can no longer land late
     assert installed.sql("SELECT parameters_json FROM {t} ORDER BY id") == [
         {"parameters_json": [0] if dialect == "postgres" else "[0]"}
     ]

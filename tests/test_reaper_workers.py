@@ -14,17 +14,17 @@ import datetime as dt
 import multiprocessing
 import os
 import signal
-import time
 from collections import Counter
 
 import pytest
 
+import bgq.executor
 from bgq import JobState
 from bgq.reaper import REAP_INTERVAL
 from tests.conftest import AMQP_URL
 from tests.support import ledger_worker
-from tests.support.helpers import state_of
-from tests.support.work_app import wait_until
+from tests.support.clock import Clock, FakeTime
+from tests.support.helpers import state_of, wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)
 from tests.test_work_concurrency import _check_groups, _publish, _unfinished
 
@@ -49,9 +49,9 @@ def _reap_delay(installed, job_id: int) -> float:
 def _wait_reaped(installed, job_id: int, what: str) -> None:
     wait_until(
         lambda: state_of(installed, job_id) != JobState.PROCESSING,
-        STALLED + REAP_SLACK + 10,
         f"the killed {what}'s job to be reaped without cron",
-        interval=0.1,
+        STALLED + REAP_SLACK + 10,
+        step=0.1,
     )
 
 
@@ -63,7 +63,7 @@ def test_bgq_work_alone_reaps_a_killed_worker_s_job_and_its_group_goes_on(make_q
     jobs = _publish(make_queue, specs)
     procs = {p.pid: p for p in (runner.start("work"), runner.start("work"))}
     first = wait_until(
-        lambda: next((e for e in runner.events() if e["token"] == "slow"), None), 20, "the slow job to start"
+        lambda: next((e for e in runner.events() if e["token"] == "slow"), None), "the slow job to start", 20
     )
     victim = first["pid"]
     os.kill(victim, signal.SIGKILL)
@@ -76,7 +76,7 @@ def test_bgq_work_alone_reaps_a_killed_worker_s_job_and_its_group_goes_on(make_q
     print(f"\n{installed.db.dialect.name}: bgq work reaped the job {delay:.2f} s after its claim")
     assert delay <= STALLED + REAP_SLACK, f"reaped {delay:.1f} s after its claim"
     installed.sql("UPDATE {t} SET postponed_by = 0 WHERE id = %s AND state = 4", (slow_id,))  # backoff over
-    wait_until(lambda: _unfinished(installed) == 0, 20, "the group's remaining jobs to finish", interval=0.2)
+    wait_until(lambda: _unfinished(installed) == 0, "the group's remaining jobs to finish", 20, step=0.2)
     code, _ = runner.terminate(procs[survivor], timeout=15)
     assert code == 0, runner.output(procs[survivor])
     assert f"bgq: Stalled job reaped. (ID: {slow_id}, PID {victim})" in runner.output(procs[survivor])
@@ -116,8 +116,8 @@ def test_bgq_consume_alone_reaps_a_killed_consumer_s_job_and_its_group_goes_on(
             lambda: next(
                 (e for e in ledger_worker.read_ledger(installed.url, ledger) if e[1] == "slow"), None
             ),
-            30,
             "the slow job to start",
+            30,
         )
         (victim,) = installed.sql("SELECT pid FROM {t} WHERE id = %s", (slow_id,))[0].values()
         assert start[3] == "start" and victim in procs
@@ -133,9 +133,9 @@ def test_bgq_consume_alone_reaps_a_killed_consumer_s_job_and_its_group_goes_on(
         queue.config.producer.publish(slow_id, rabbit.base, 1, None)
         wait_until(
             lambda: all(state_of(installed, i) == JobState.FINISHED for i in [slow_id, *rest]),
-            20,
             "the group's remaining jobs to finish",
-            interval=0.2,
+            20,
+            step=0.2,
         )
     finally:
         for proc in procs.values():
@@ -180,7 +180,9 @@ def test_stalled_job_backoff_is_the_reaped_jobs_wait(make_queue, installed, back
         assert queue.process().outcomes == {"claimed": 1}
 
 
-def test_a_consumer_held_up_between_claim_and_start_does_not_run_a_job_taken_over(make_queue, installed):
+def test_a_consumer_held_up_between_claim_and_start_does_not_run_a_job_taken_over(
+    make_queue, installed, monkeypatch
+):
     """Found by the chaos harness (full preset, broker mode, MariaDB): a `bgq consume` process
     SIGSTOPped after its claim was acknowledged, for longer than stalled_job_timeout, started the
     callback on SIGCONT although the reaper had given the job to another worker, which had run it
@@ -191,9 +193,11 @@ def test_a_consumer_held_up_between_claim_and_start_does_not_run_a_job_taken_ove
     zombie = make_queue(callbacks={"job": lambda: ran.append("zombie")}, **options)
     owner = make_queue(callbacks={"job": lambda: ran.append("owner")}, **options)
     job = zombie.publish("job")
+    frozen = FakeTime()
+    monkeypatch.setattr(bgq.executor, "time", frozen)
 
     def held_up() -> None:  # what a SIGSTOP after the acknowledgement does: time passes, others move on
-        time.sleep(1.2)  # past half of stalled_job_timeout (time.monotonic() counts a stopped process)
+        frozen.advance(1.2)  # past half of stalled_job_timeout (time.monotonic() counts a stopped process)
         later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30)
         assert [r.id for r in owner.reaper.run_once(later)] == [job]
         assert owner.process_job(job) == "claimed"
@@ -205,7 +209,7 @@ def test_a_consumer_held_up_between_claim_and_start_does_not_run_a_job_taken_ove
 
 
 def test_a_registered_worker_held_up_past_the_worker_bound_does_not_run_a_job_taken_over(
-    make_queue, installed
+    make_queue, installed, monkeypatch
 ):
     """Found by a newcomer's fault run (PostgreSQL, worker_dead_after 10, stalled_job_timeout at
     its default 3600): a `bgq work` process SIGSTOPped between a claim and its start for longer
@@ -225,9 +229,11 @@ def test_a_registered_worker_held_up_past_the_worker_bound_does_not_run_a_job_ta
             conn, "h", os.getpid(), "work", "general", "t"
         )
     job = zombie.publish("job")
+    frozen = FakeTime()
+    monkeypatch.setattr(bgq.executor, "time", frozen)
 
     def held_up() -> None:  # a SIGSTOP after the claim: the worker's row goes stale, others move on
-        time.sleep(1.7)  # past half of worker_dead_after, far below half of stalled_job_timeout
+        frozen.advance(1.7)  # past half of worker_dead_after, far below half of stalled_job_timeout
         later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30)
         assert [r.id for r in owner.reaper.run_once(later)] == [job]
         assert owner.process_job(job) == "claimed"
@@ -238,7 +244,7 @@ def test_a_registered_worker_held_up_past_the_worker_bound_does_not_run_a_job_ta
     assert (row["state"], row["number_of_attempts"]) == (JobState.FINISHED, 2)
 
 
-def test_a_late_claim_that_still_holds_runs_and_is_renewed(make_queue, installed):
+def test_a_late_claim_that_still_holds_runs_and_is_renewed(make_queue, installed, monkeypatch):
     """The same check lets a late job whose claim nobody took run: its heartbeat is renewed first,
     so the reaper (which would take it at stalled_job_timeout) leaves it alone meanwhile."""
     seen = []
@@ -246,9 +252,12 @@ def test_a_late_claim_that_still_holds_runs_and_is_renewed(make_queue, installed
     def look() -> None:
         seen.append(installed.sql("SELECT updated_at, last_attempt_at FROM {t} WHERE id = %s", (job,))[0])
 
-    queue = make_queue(callbacks={"job": look}, stalled_job_timeout=2)
+    clock, frozen = Clock(), FakeTime()
+    monkeypatch.setattr(bgq.executor, "time", frozen)
+    queue = make_queue(callbacks={"job": look}, stalled_job_timeout=2, clock=clock)
     job = queue.publish("job")
-    assert queue.process_job(job, on_claimed=lambda: time.sleep(1.2)) == "claimed"
+    # 1.2 s late, by bgq's clock and by the worker's monotonic time alike (as a stopped process sees it)
+    assert queue.process_job(job, on_claimed=lambda: (clock.advance(1.2), frozen.advance(1.2))) == "claimed"
     (row,) = seen
     assert (row["updated_at"] - row["last_attempt_at"]).total_seconds() >= 1.0  # renewed after the wait
     assert installed.sql("SELECT state FROM {t} WHERE id = %s", (job,))[0]["state"] == JobState.FINISHED

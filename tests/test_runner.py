@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
+import bgq.runner
 from bgq import (
     DieException,
     JobState,
@@ -18,6 +18,7 @@ from bgq import (
 )
 from bgq.config import build_config
 from bgq.runner import backoff_ms, classify, describe, invoke, memory_usage, run
+from tests.support.clock import FakeTime
 
 MINUTE = 60_000
 
@@ -219,12 +220,13 @@ def test_checklist_21_invoke_spreads_lists_and_dicts():
 # --- run ---
 
 
-def test_run_success_reports_time_and_memory():
-    calls = []
+def test_run_success_reports_time_and_memory(monkeypatch):
+    calls, fake = [], FakeTime()
+    monkeypatch.setattr(bgq.runner, "time", fake)
 
     def callback(a, b):
         calls.append((a, b))
-        time.sleep(0.02)
+        fake.advance(0.02)  # a callback that takes 20 ms
 
     outcome = run(callback, [1, "x"], 1, config())
     assert calls == [(1, "x")]

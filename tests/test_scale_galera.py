@@ -48,6 +48,7 @@ from tests.support.helpers import (
     procs,
     session_id,
     set_row,
+    wait_until,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -237,7 +238,7 @@ def test_a_killed_installs_lock_row_is_taken_over_once_its_lease_expired(lock_db
 def test_the_install_keeps_its_lease_while_it_runs(lock_db):
     db, table = lock_db
     with install_lock(db, table, lease=2):
-        time.sleep(3)  # longer than the lease: refreshed every lease / 6
+        time.sleep(3)  # real: the install runs longer than the lease, which it refreshes every lease / 6
         row = _lock_row(db, table)
         assert row is not None and row.live
 
@@ -406,7 +407,12 @@ def test_workers_on_three_nodes_never_overlap_inside_a_group(cluster):
                 )  # fmt: skip
                 ids.setdefault(group, []).append(p0.insert(conn, job))
         total = len(groups)
-        time.sleep(1)  # the inserts applied on every node
+
+        def applied(db: Database) -> bool:
+            with db.engine.connect() as conn:
+                return conn.exec_driver_sql(f"SELECT COUNT(*) FROM {table}").scalar() == total
+
+        wait_until(lambda: all(applied(db) for db in dbs), "the inserts applied on every node", 30, 0.05)
         deadline = time.monotonic() + 120
 
         def worker(node: int) -> None:
@@ -422,7 +428,9 @@ def test_workers_on_three_nodes_never_overlap_inside_a_group(cluster):
                     if held:
                         job = held.pop()
                         start = time.monotonic()
-                        time.sleep(0.002)
+                        time.sleep(
+                            0.002
+                        )  # real: the job's run time, which no other job of its group may overlap
                         end = time.monotonic()
                         result = JobResult(job.id, job.claim.attempt or 0, 3)
                         # Half the hand-offs keep the group (as `bgq work` does), half let it go:
@@ -448,7 +456,7 @@ def test_workers_on_three_nodes_never_overlap_inside_a_group(cluster):
                             tries=20,
                         )
                         if not got:
-                            time.sleep(0.02)
+                            time.sleep(0.02)  # real: an idle worker's poll interval (nothing claimable yet)
                         held.extend(got)
                 except DeadlockError:
                     with lock:

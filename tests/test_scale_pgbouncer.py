@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from bgq.install import install, uninstall
 from bgq.procs import Procs
 from bgq.wakeups import Listener
 from tests.conftest import DATABASE_URLS, IN_CI, _probe_database, require_service
-from tests.support.helpers import unique_name
+from tests.support.helpers import unique_name, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 POSTGRES = DATABASE_URLS["postgres"]
@@ -196,11 +195,11 @@ def test_through_pgbouncer_no_session_state_reaches_the_next_client(bouncer):
 
 
 APP = """
-import os, time
+import os
 from bgq import Queue
 
 def job(n):
-    time.sleep(0.001)
+    return n
 
 def queue():
     return Queue(callbacks={"job": job}, database_url=os.environ["T_URL"], table_name=os.environ["T_TABLE"],
@@ -244,13 +243,7 @@ def test_bgq_work_through_pgbouncer(bouncer, tmp_path):
             queue.close()
         for _ in range(2):
             workers.append(subprocess.Popen([bgq, "work"], env=env, stderr=subprocess.PIPE, text=True))
-        deadline, left = time.monotonic() + 90, -1
-        while time.monotonic() < deadline:
-            left = _unfinished(table)
-            if left == 0:
-                break
-            time.sleep(0.3)
-        assert left == 0, f"{left} jobs unfinished after 90 s"
+        wait_until(lambda: _unfinished(table) == 0, "every job to finish through PgBouncer", 90, 0.3)
     finally:
         for w in workers:
             w.terminate()

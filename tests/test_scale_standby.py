@@ -228,7 +228,7 @@ def test_a_worker_on_a_read_only_server_logs_one_line_per_try_and_stops_when_ask
     thread = threading.Thread(target=lambda: work(reader, stop=stop, poll=0.5), daemon=True)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING, logger="bgq"):
         thread.start()
-        time.sleep(3.0)
+        time.sleep(3.0)  # real: the window in which a busy loop would show as many failed claims
         stop.requested = True
         thread.join(10)
     assert not thread.is_alive(), "work() did not stop within 10 s on a read-only server"

@@ -14,8 +14,11 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import bgq
+import bgq.schedules
 from bgq.model import JobState
 from tests.support.cli import BGQ, run_bgq
+from tests.support.clock import Clock, fake_time
+from tests.support.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 UTC = dt.UTC
@@ -62,11 +65,10 @@ def test_each_fire_time_is_published_once_by_four_racing_workers_on_two_hosts(
         for i, host in enumerate(("host-a", "host-a", "host-b", "host-b"))
     ]
     try:
-        deadline = time.monotonic() + 90  # the workers start (imports, install check) on a busy machine
-        while not _fired(installed, "every2s"):
-            assert time.monotonic() < deadline, "no worker fired the schedule"
-            time.sleep(0.2)
-        time.sleep(12)  # 12 s of four workers racing, from the first fire on
+        # the workers start (imports, install check) on a busy machine
+        wait_until(lambda: _fired(installed, "every2s"), "a worker to fire the schedule", 90, 0.2)
+        # 12 s of four workers racing, from the first fire on: 6 more fire times
+        wait_until(lambda: len(_fired(installed, "every2s")) >= 7, "seven fire times", 60, 0.2)
     finally:
         for w in workers:
             w.send_signal(signal.SIGTERM)
@@ -307,7 +309,7 @@ def test_an_idle_worker_fires_each_schedule_at_its_time_not_a_poll_later(
     worker = Worker(queue, poll=1.0)  # bgq work's default poll
     worker.start()
     try:
-        time.sleep(9)
+        wait_until(lambda: len(_fired(installed, "every2s")) >= 5, "five fire times", 30, 0.1)
     finally:
         worker.finish()
     fired = _fired(installed, "every2s")
@@ -320,13 +322,14 @@ def test_an_idle_worker_fires_each_schedule_at_its_time_not_a_poll_later(
 
 
 def test_bgq_process_fires_due_schedules_and_runs_their_jobs_in_the_same_pass(
-    make_queue, installed, clean_schedules
+    make_queue, installed, clean_schedules, monkeypatch
 ):
-    ran = []
-    queue = make_queue(callbacks={"beat": lambda: ran.append(time.time())})
+    ran, clock, ticks = [], Clock(), fake_time(monkeypatch, bgq.schedules)
+    queue = make_queue(callbacks={"beat": lambda: ran.append(time.time())}, clock=clock)
     queue.schedule("each-second", "* * * * * *", "beat")
     queue.process()  # stores the schedule (its first fire time is the next second)
-    time.sleep(1.2)
+    clock.advance(1.2)  # 1.2 s later, by bgq's clock and by the scheduler's tick clock
+    ticks.advance(1.2)
     report = queue.process()  # a fresh cron run: its tick publishes, its claims pass runs it
     assert report.outcomes.get("claimed", 0) >= 1 and len(ran) >= 1
     assert {j["state"] for j in _jobs(installed, "beat")} == {JobState.FINISHED}
@@ -345,9 +348,7 @@ def test_bgq_consume_fires_due_schedules(broker_queue, rabbit, installed, clean_
     consumer = threading.Thread(target=consume, args=(queue, None, 0, [1, 2, 3], stop), daemon=True)
     consumer.start()
     try:
-        deadline = time.monotonic() + 30
-        while len(ran) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: len(ran) >= 2, "two fires consumed", 30, 0.1)
     finally:
         stop.requested = True
         consumer.join(15)

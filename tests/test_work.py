@@ -17,7 +17,10 @@ from typing import Any
 
 import pytest
 
+import bgq.executor
+import bgq.heartbeat
 import bgq.pipeline
+import bgq.runner
 import bgq.work
 from bgq import (
     DieException,
@@ -30,8 +33,16 @@ from bgq import (
 from bgq.errors import ConfigError
 from bgq.work import work
 from tests.support import ledger_worker, work_app
-from tests.support.helpers import fail_first_follow_up, json_column, state_of, unique_name
-from tests.support.work_app import Cli, wait_until
+from tests.support.clock import FakeTime, fake_time
+from tests.support.helpers import (
+    fail_first_follow_up,
+    json_column,
+    slow_write,
+    state_of,
+    unique_name,
+    wait_until,
+)
+from tests.support.work_app import Cli
 
 MINUTE = 60_000
 TERMINAL = (JobState.FINISHED, JobState.PERMANENTLY_FAILED, JobState.REDUNDANT)
@@ -162,7 +173,7 @@ def test_every_job_runs_once_and_ends_finished(make_queue, installed, workers):
         group = f"g{n % 3}" if n < 15 else None
         ids[f"t{n}"] = queue.publish("rec", [f"t{n}"], serial_group=group, priority=rng.choice([1, 2, 3]))
     worker = workers(queue)
-    wait_until(lambda: _all_in(installed, ids.values(), TERMINAL), 15, "every job to end")
+    wait_until(lambda: _all_in(installed, ids.values(), TERMINAL), "every job to end", 15)
     assert worker.finish() == 0
     assert calls == Counter(ids.keys()), "every job ran exactly once"
     for row in _rows(installed).values():
@@ -203,6 +214,7 @@ def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grou
         "recur": raising("recur", None),
         "uniq": raising("uniq", None),
         "ok": raising("ok", None),
+        "last": raising("last", None),
     }
     options = {"priorities": [1, 2, 3], "waiting_job_expiration": 600_000}  # clones are not due
     publisher = make_queue(callbacks={**callbacks, "gone": lambda: None}, **options)
@@ -244,15 +256,18 @@ def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grou
 
     with caplog.at_level(logging.CRITICAL, logger="bgq"):
         worker = workers(queue)
-        wait_until(done, 15, "every job to end")
-        time.sleep(0.3)  # a clone run by mistake would show in `calls`
+        wait_until(done, "every job to end", 15)
+        # A later job, run and written: the claim that took it would have taken a clone run by
+        # mistake too (the clone has a lower id and the same priority), which would show in `calls`.
+        last = publisher.publish("last", ["last"])
+        wait_until(lambda: state_of(installed, last) == JobState.FINISHED, "the later job to be written", 15)
         assert worker.finish() == 0
 
     written = {ids[n] for n in ("temp", "runtime", "perm", "skip", "wait", "recur", "ok", "uniq1", "gone")}
-    assert sorted(writes) == sorted(("hand_off", i) for i in written)
+    assert sorted(writes) == sorted(("hand_off", i) for i in written | {last})
     rows = _rows(installed)
     assert calls == Counter(
-        {"temp": 1, "runtime": 1, "perm": 1, "skip": 1, "wait": 1, "recur": 1, "uniq": 1, "ok": 1}
+        {"temp": 1, "runtime": 1, "perm": 1, "skip": 1, "wait": 1, "recur": 1, "uniq": 1, "ok": 1, "last": 1}
     )
     assert not _processing(installed)
 
@@ -291,14 +306,16 @@ def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grou
     assert any(
         f'Callback "gone" does not exist. (ID: {ids["gone"]})' in r.getMessage() for r in caplog.records
     )
-    assert len(rows) == len(originals) + 1  # the two copies, less the finished recurring row
+    assert len(rows) == len(originals) + 2  # the two copies, less the finished recurring row, and last
 
 
-def test_hooks_metadata_execution_time_and_memory(make_queue, installed, workers):
+def test_hooks_metadata_execution_time_and_memory(make_queue, installed, workers, monkeypatch):
     seen: dict[str, list[Any]] = {"before": [], "after": [], "error": []}
+    fake = FakeTime()  # the clock of the execution time
+    monkeypatch.setattr(bgq.runner, "time", fake)
 
     def slow(n: int, fail: bool = False) -> None:
-        time.sleep(0.03)
+        fake.advance(0.03)  # a callback that takes 30 ms
         if fail:
             raise RuntimeError(f"failed {n}")
 
@@ -317,8 +334,8 @@ def test_hooks_metadata_execution_time_and_memory(make_queue, installed, workers
     worker = workers(queue)
     wait_until(
         lambda: _all_in(installed, ok + failing, (JobState.FINISHED, JobState.TEMPORARILY_FAILED)),
-        15,
         "the jobs to end",
+        15,
     )
     assert worker.finish() == 0
     assert sorted(seen["before"]) == [1, 2, 3, 4]
@@ -347,7 +364,7 @@ def test_grouped_jobs_run_in_priority_order_without_overlap(make_queue, installe
 
     def rec(token: str, group: str | None) -> None:
         start = time.monotonic()
-        time.sleep(random.uniform(0.001, 0.006))
+        time.sleep(random.uniform(0.001, 0.006))  # real: a run time the other worker's jobs may overlap
         with lock:
             runs.append((token, group, start, time.monotonic()))
 
@@ -361,8 +378,11 @@ def test_grouped_jobs_run_in_priority_order_without_overlap(make_queue, installe
                          group, priority)  # fmt: skip
     for name in ("A", "B"):
         workers(make_queue(callbacks={"rec": rec}, priorities=[1, 2, 3]), name=name)
-    wait_until(lambda: len(runs) >= len(jobs), 20, "every job to run")
-    time.sleep(0.2)
+    wait_until(lambda: len(runs) >= len(jobs), "every job to run", 20)
+    # Once every result is written, no job can run again (a second run would need a claim).
+    wait_until(
+        lambda: _all_in(installed, [j for j, _, _ in jobs.values()], (JobState.FINISHED,)), "every result", 10
+    )
     assert Counter(r[0] for r in runs) == Counter(jobs.keys()), "every job ran exactly once"
     for group in ("g0", "g1", "g2"):
         mine = sorted((r for r in runs if r[1] == group), key=lambda r: r[2])
@@ -409,7 +429,7 @@ def test_a_worker_keeps_several_groups_and_hands_each_on_with_its_result(
     monkeypatch.setattr(queue.procs, "hand_off", hand_off)
     monkeypatch.setattr(bgq.work._Worker, "_idle", idle)
     worker = workers(queue, poll=5.0)
-    wait_until(lambda: len(ran) == len(ids), 30, "every job to run")
+    wait_until(lambda: len(ran) == len(ids), "every job to run", 30)
     assert worker.finish() == 0
     assert sorted(ran) == list(range(len(ids)))
     for g in range(20):
@@ -483,8 +503,7 @@ def test_stop_request_finishes_the_running_job_and_gives_back_the_claimed_ones(
         held = _held(installed, ids, calls)
         if (grouped and len(calls) == 10) or (not grouped and len(calls) > 10 and len(held) >= 2):
             trigger.update(token=token, held=held)
-            worker.stop.requested = True
-            time.sleep(0.3)  # the running job still finishes and is written
+            worker.stop.requested = True  # the running job still finishes and is written
 
     queue = make_queue(callbacks={"rec": rec})
     ids = {f"t{n}": queue.publish("rec", [f"t{n}"], serial_group=group) for n in range(60)}
@@ -506,13 +525,20 @@ def test_stop_request_finishes_the_running_job_and_gives_back_the_claimed_ones(
     assert not _processing(installed), "no job stays PROCESSING after work() returned"
 
 
-def test_held_jobs_are_given_back_while_a_slow_job_runs(make_queue, installed, workers):
+def test_held_jobs_are_given_back_while_a_slow_job_runs(make_queue, installed, workers, monkeypatch):
     """stalled_job_timeout 2 s -> a claimed job waits at most 1 s: worker A's batch mates of a slow
     job are given back and worker B runs them while A is still inside the slow job."""
     lock = threading.Lock()
     runs: list[tuple[str, str, float]] = []  # (token, worker, end)
     slow: dict[str, Any] = {}
     b_may_start = threading.Event()
+    fake = FakeTime()  # the pipelines' clock, which says when a held job is stale
+    monkeypatch.setattr(bgq.pipeline, "time", fake)
+
+    def run_by_b(held: list[int]) -> bool:
+        queue_a.heartbeat()  # the slow job stays A's meanwhile: the reapers leave it alone
+        with lock:
+            return {ids[t] for t, who, _ in runs if who == "B"} >= set(held)
 
     def rec(token: str) -> None:
         me = threading.current_thread().name
@@ -521,9 +547,8 @@ def test_held_jobs_are_given_back_while_a_slow_job_runs(make_queue, installed, w
             if len(held) >= 3:
                 slow.update(token=token, held=held)
                 b_may_start.set()
-                for _ in range(6):  # longer than stalled_job_timeout: heartbeats keep it from the reapers
-                    time.sleep(0.5)
-                    queue_a.heartbeat()
+                fake.advance(1.5)  # this job has run past the 1 s hold
+                wait_until(lambda: run_by_b(held), "worker B to run the jobs A held", 15, 0.1)
                 slow["end"] = time.monotonic()
         with lock:
             runs.append((token, me, time.monotonic()))
@@ -533,7 +558,7 @@ def test_held_jobs_are_given_back_while_a_slow_job_runs(make_queue, installed, w
     workers(queue_a, name="A")
     assert b_may_start.wait(15), "worker A held jobs behind a running one"
     workers(make_queue(callbacks={"rec": rec}, stalled_job_timeout=2), name="B")
-    wait_until(lambda: len(runs) >= len(ids), 20, "every job to run")
+    wait_until(lambda: len(runs) >= len(ids), "every job to run", 20)
     assert Counter(r[0] for r in runs) == Counter(ids.keys()), "no job ran twice"
     by_id = {ids[token]: (who, end) for token, who, end in runs}
     for job in slow["held"]:
@@ -542,14 +567,14 @@ def test_held_jobs_are_given_back_while_a_slow_job_runs(make_queue, installed, w
     # The callbacks have all run; the last results may still be on their way (the writer thread
     # commits them after the callback returns): wait for them, then no job may have run twice.
     wait_until(
-        lambda: all(r["state"] == JobState.FINISHED for r in _rows(installed).values()), 10, "every result"
+        lambda: all(r["state"] == JobState.FINISHED for r in _rows(installed).values()), "every result", 10
     )
     odd = {i: r["number_of_attempts"] for i, r in _rows(installed).items() if r["number_of_attempts"] != 1}
     assert not odd, odd
 
 
 def test_a_held_job_cancelled_before_it_starts_is_recorded_cancelled_when_given_back(
-    make_queue, installed, workers
+    make_queue, installed, workers, monkeypatch
 ):
     """A job `bgq work` claimed ahead and holds counts as running, so its cancel is an abort
     request. When the worker gives it back unstarted (held past half of stalled_job_timeout
@@ -557,6 +582,12 @@ def test_a_held_job_cancelled_before_it_starts_is_recorded_cancelled_when_given_
     it never runs, and the jobs after it do."""
     ran: list[str] = []
     cancelled: list[int] = []
+    fake = FakeTime()  # the pipeline's clock, which says when a held job is stale
+    monkeypatch.setattr(bgq.pipeline, "time", fake)
+
+    def given_back(held: list[int]) -> bool:
+        queue.heartbeat()  # and this job is not reaped meanwhile
+        return all(state_of(installed, job) == JobState.REDUNDANT for job in held)
 
     def rec(token: str) -> None:
         if not cancelled and len(ran) >= 10:
@@ -565,9 +596,8 @@ def test_a_held_job_cancelled_before_it_starts_is_recorded_cancelled_when_given_
                 for job in held:
                     assert queue.cancel(job, "not wanted").outcome == "abort_requested"
                     cancelled.append(job)
-                for _ in range(5):  # past the 1 s hold: the held jobs are given back meanwhile
-                    time.sleep(0.5)
-                    queue.heartbeat()  # and this job, longer than stalled_job_timeout, is not reaped
+                fake.advance(1.5)  # past the 1 s hold: the held jobs are given back meanwhile
+                wait_until(lambda: given_back(held), "the held jobs to be given back cancelled", 15, 0.1)
         ran.append(token)
 
     queue = make_queue(callbacks={"rec": rec}, stalled_job_timeout=2, heartbeat_interval=0)
@@ -575,8 +605,8 @@ def test_a_held_job_cancelled_before_it_starts_is_recorded_cancelled_when_given_
     workers(queue, name="A")
     wait_until(
         lambda: all(state_of(installed, i) in (JobState.FINISHED, JobState.REDUNDANT) for i in ids.values()),
-        20,
         "every job to finish or stay cancelled",
+        20,
     )
     assert cancelled, "the worker never held 3 jobs behind a running one"
     by_token = {i: t for t, i in ids.items()}
@@ -644,8 +674,9 @@ def test_cli_priority_range_runs_only_those_priorities(make_queue, installed, cl
     blocked.insert(0, queue.publish("ledger", ["h1"], serial_group="h", priority=1))  # h's head: p1
     proc = runner.start("work", "-p", "2-3")
     wanted = by_priority[2] + by_priority[3] + in_range
-    wait_until(lambda: _all_in(installed, wanted, TERMINAL), 20, "the jobs of priorities 2-3")
-    time.sleep(0.5)
+    # Priority 1 goes first in every claim: had the range let p1-* or h1 through, they would have
+    # started before the jobs of priorities 2-3 were done.
+    wait_until(lambda: _all_in(installed, wanted, TERMINAL), "the jobs of priorities 2-3", 20)
     assert runner.terminate(proc)[0] == 0
     rows = _rows(installed)
     assert all(rows[j]["state"] == JobState.FINISHED for j in wanted)
@@ -663,7 +694,7 @@ def test_cli_sigterm_exits_0_after_the_running_job_is_written(make_queue, instal
     queue = make_queue(callbacks={"ledger": work_app.ledger}, priorities=[1, 2, 3])
     slow = queue.publish("ledger", ["slow", None, 2.0])
     proc = runner.start("work")
-    wait_until(lambda: any(e["token"] == "slow" for e in runner.events()), 20, "the slow job to start")
+    wait_until(lambda: any(e["token"] == "slow" for e in runner.events()), "the slow job to start", 20)
     later = [queue.publish("ledger", [f"later{n}"]) for n in range(5)]
     code, _ = runner.terminate(proc, timeout=10)
     exited = time.time()
@@ -684,7 +715,7 @@ def test_cli_sigterm_stops_an_idle_worker_promptly(installed, cli, poll):
     runner = cli()
     proc = runner.start("work", "--poll", poll)
     runner.wait_ready(1)
-    time.sleep(1.5)
+    time.sleep(1.5)  # real: the process idles in its wait (no observable mark says it started waiting)
     code, took = runner.terminate(proc, timeout=40)
     assert code == 0, runner.output(proc)
     assert took < 3.0, f"an idle worker took {took:.1f} s to stop"
@@ -695,7 +726,7 @@ def test_cli_concurrency_2_runs_two_processes_and_sigterm_stops_all(make_queue, 
     queue = make_queue(callbacks={"ledger": work_app.ledger}, priorities=[1, 2, 3])
     ids = [queue.publish("ledger", [f"t{n}", None, 0.1]) for n in range(60)]
     proc = runner.start("work", "--concurrency", "2")
-    wait_until(lambda: sum(e["event"] == "end" for e in runner.events()) >= 10, 20, "10 jobs to run")
+    wait_until(lambda: sum(e["event"] == "end" for e in runner.events()) >= 10, "10 jobs to run", 20)
     code, took = runner.terminate(proc, timeout=15)
     assert code == 0, runner.output(proc)
     rows = _rows(installed)
@@ -720,8 +751,8 @@ def _started_at(runner: Cli, token: str) -> float:
     """When the job `token`'s callback started (its 'start' event in the ledger), waiting for it."""
     found = wait_until(
         lambda: [e["at"] for e in runner.events() if e["token"] == token and e["event"] == "start"],
-        3 * WAKE_POLL,
         f"the job {token} to start",
+        3 * WAKE_POLL,
     )
     return float(found[0])
 
@@ -739,7 +770,7 @@ def test_cli_an_idle_worker_starts_a_new_job_at_once(make_queue, installed, cli)
     _started_at(runner, "warm")
     took = []
     for n in range(3):
-        time.sleep(WAKE_POLL + 0.5)  # idle longer than --poll
+        time.sleep(WAKE_POLL + 0.5)  # real: the process idles longer than --poll, as a quiet worker does
         published = time.time()
         queue.publish("ledger", [f"wake{n}"])
         took.append(_started_at(runner, f"wake{n}") - published)
@@ -757,7 +788,7 @@ def test_cli_an_idle_worker_starts_a_postponed_job_once_due(make_queue, installe
     queue.publish("ledger", ["warm"])  # the publisher's first call checks the install: not timed
     proc = runner.start("work", "--poll", "1")
     _started_at(runner, "warm")
-    time.sleep(1.5)  # idle: claims are --poll apart now
+    time.sleep(1.5)  # real: the process idles, so its claims are --poll apart now
     published = time.time()
     queue.publish("ledger", ["due"], postpone_by=dt.timedelta(seconds=2))
     took = _started_at(runner, "due") - published
@@ -796,15 +827,17 @@ def test_a_claim_slower_than_the_hold_still_runs_its_jobs(make_queue, installed,
     queue = make_queue(callbacks={"rec": ran.append}, stalled_job_timeout=4)
     ids = [queue.publish("rec", [n]) for n in range(3)]
     real = queue.procs.claim_batch
+    # the clock of `bgq work`'s claims, of its pipeline's hold, of the late-start check and the heartbeat
+    fake = fake_time(monkeypatch, bgq.work, bgq.pipeline, bgq.executor, bgq.heartbeat)
 
     def slow_claim(*args, **kwargs):
         result = real(*args, **kwargs)
-        time.sleep(1.3)  # inside the claim's transaction, before its commit
+        fake.advance(1.3)  # 1.3 s inside the claim's transaction, before its commit
         return result
 
     monkeypatch.setattr(queue.procs, "claim_batch", slow_claim)
     workers(queue)
-    wait_until(lambda: len(ran) == len(ids), 30, "every job to run")
+    wait_until(lambda: len(ran) == len(ids), "every job to run", 30)
     assert sorted(ran) == [0, 1, 2]
 
 
@@ -856,14 +889,14 @@ def test_a_slow_writer_holds_back_the_claims_so_few_results_wait_unwritten(
     hand_off = queue.store.procs.hand_off
 
     def slow_hand_off(conn, results, *args, **kwargs):
-        time.sleep(0.05)
+        slow_write()
         out = hand_off(conn, results, *args, **kwargs)
         written[0] += len(results)
         return out
 
     monkeypatch.setattr(queue.store.procs, "hand_off", slow_hand_off)
     worker = workers(queue, batch_max=10)
-    wait_until(lambda: written[0] >= 300, 60, "every result written")
+    wait_until(lambda: written[0] >= 300, "every result written", 60)
     worker.finish()
     assert ran[0] == 300
     assert max(unwritten) <= 2 * 10, max(unwritten)
@@ -889,9 +922,9 @@ def test_an_exception_out_of_one_write_does_not_end_the_writer(
     monkeypatch.setattr(queue.store.procs, "hand_off", failing_once)
     with caplog.at_level(logging.CRITICAL, logger="bgq"):
         worker = workers(queue)
-        wait_until(lambda: failed, 15, "the first write")
+        wait_until(lambda: failed, "the first write", 15)
         later = [queue.publish("noop") for _ in range(5)]
-        wait_until(lambda: _all_in(installed, later, [JobState.FINISHED]), 15, "every later result written")
+        wait_until(lambda: _all_in(installed, later, [JobState.FINISHED]), "every later result written", 15)
         assert worker.finish() == 0
     assert "bgq: Writing results failed; going on." in caplog.text
     assert failed == [first] and _states(installed, failed) == [JobState.PROCESSING]
@@ -910,8 +943,8 @@ def test_a_failing_follow_up_costs_no_other_job_its_result_or_follow_up(
     calls = fail_first_follow_up(queue, monkeypatch)
     with caplog.at_level(logging.CRITICAL, logger="bgq"):
         worker = workers(queue)
-        wait_until(lambda: _all_in(installed, ids, [JobState.FINISHED]), 15, "every result written")
-        wait_until(lambda: len(calls) == len(ids), 5, "every follow-up")
+        wait_until(lambda: _all_in(installed, ids, [JobState.FINISHED]), "every result written", 15)
+        wait_until(lambda: len(calls) == len(ids), "every follow-up", 5)
         assert worker.finish() == 0
     assert f"bgq: Following up a written result failed. (ID: {calls[0]})" in caplog.text
     assert sorted(calls) == sorted(ids)

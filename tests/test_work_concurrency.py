@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 
 from bgq import JobState
 from tests.support import work_app
-from tests.support.work_app import wait_until
+from tests.support.helpers import wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)
 
 GROUPS = 5
@@ -98,9 +97,8 @@ def test_work_processes_never_overlap_in_a_group_and_run_each_job_once(make_queu
     else:
         procs = [runner.start("work", "-c", "3")]
         runner.wait_ready(1)
-    time.sleep(0.5)  # the workers are past start-up, claiming (or idle)
     jobs = _publish(make_queue, _mix(seed=11))
-    wait_until(lambda: _unfinished(installed) == 0, 60, "every job to finish", interval=0.2)
+    wait_until(lambda: _unfinished(installed) == 0, "every job to finish", 60, step=0.2)
     for proc in procs:
         code, _ = runner.terminate(proc, timeout=15)
         assert code == 0, runner.output(proc)
@@ -142,7 +140,7 @@ def test_a_sigkilled_worker_s_job_runs_again_only_after_reaping(make_queue, inst
     procs = {p.pid: p for p in (runner.start("work"), runner.start("work"))}
 
     first = wait_until(
-        lambda: next((e for e in runner.events() if e["token"] == "slow"), None), 20, "the slow job to start"
+        lambda: next((e for e in runner.events() if e["token"] == "slow"), None), "the slow job to start", 20
     )
     victim = first["pid"]
     assert victim in procs
@@ -156,16 +154,17 @@ def test_a_sigkilled_worker_s_job_runs_again_only_after_reaping(make_queue, inst
         stalled_job_timeout=stalled,
     )
     slow_id = jobs["slow"]["id"]
-    deadline = time.monotonic() + 20
-    while True:
+
+    def released() -> bool:
         row = installed.sql("SELECT state, pid FROM {t} WHERE id = %s", (slow_id,))[0]
         if row["state"] != JobState.PROCESSING:
-            break
+            return True
         assert row["pid"] == victim
-        assert time.monotonic() < deadline, "the reaper never released the killed job"
         work_app.write("reap", "-")  # the ledger's mark: what follows may come after this reap
         reaper.process()
-        time.sleep(0.3)
+        return False
+
+    wait_until(released, "the reaper to release the killed job", 20, 0.3)
     reaped = installed.sql("SELECT id, pid, state FROM {t} WHERE error_message LIKE 'Job was stalled%%'")
     assert slow_id in {r["id"] for r in reaped}
     assert all(r["pid"] == victim for r in reaped), "only the dead worker's jobs were reaped"
@@ -173,7 +172,7 @@ def test_a_sigkilled_worker_s_job_runs_again_only_after_reaping(make_queue, inst
     for r in reaped:
         installed.sql("UPDATE {t} SET postponed_by = 0 WHERE id = %s AND state = 4", (r["id"],))
 
-    wait_until(lambda: _unfinished(installed) == 0, 20, "every job to finish", interval=0.2)
+    wait_until(lambda: _unfinished(installed) == 0, "every job to finish", 20, step=0.2)
     code, _ = runner.terminate(procs[survivor], timeout=15)
     assert code == 0, runner.output(procs[survivor])
 
@@ -205,13 +204,17 @@ def test_postgres_idle_workers_each_take_a_group_of_a_burst_at_once(make_queue, 
     runner = cli()
     procs = [runner.start("work", "--poll", "10") for _ in range(3)]
     runner.wait_ready(3)
-    time.sleep(1.0)  # all three idle, waiting on LISTEN
+    listening = "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE state = 'idle' AND query = %s"
+    channel = (f'LISTEN "{installed.table}"',)
+    wait_until(
+        lambda: installed.sql(listening, channel)[0]["n"] >= 3, "all three idle, waiting on LISTEN", 20, 0.05
+    )
     specs = [(f"g{g}-{n}", f"g{g}", 1, "ledger") for n in range(15) for g in range(3)]
     queue = make_queue(callbacks={"ledger": work_app.ledger}, priorities=[1, 2, 3], bulk_size=len(specs))
     with queue.bulk():
         for token, group, priority, callback in specs:
             queue.publish(callback, [token, group, 0.1], serial_group=group, priority=priority)
-    wait_until(lambda: _unfinished(installed) == 0, 30, "every job to finish", interval=0.2)
+    wait_until(lambda: _unfinished(installed) == 0, "every job to finish", 30, step=0.2)
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     installed.sql("NOTIFY {t}")  # idle workers see SIGTERM at their next wake-up

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from bgq import supervisor
-from tests.support.work_app import Cli, wait_until
+from tests.support.helpers import wait_until
+from tests.support.work_app import Cli
 from tests.test_work import cli  # noqa: F401  (the fixture)
 
 
@@ -54,7 +55,7 @@ def start_supervisor(runner: Cli, count: int = 2) -> tuple[subprocess.Popen[byte
         found = children(proc.pid)
         return found if len(found) == count else None
 
-    return proc, wait_until(all_up, 30, f"{count} workers")
+    return proc, wait_until(all_up, f"{count} workers", 30)
 
 
 @pytest.mark.slow
@@ -66,13 +67,13 @@ def test_sigterm_during_the_restart_pause_stops_everything_at_once(cli):  # noqa
     victim = min(pids)
     os.kill(victim, signal.SIGKILL)
     # Reaped (gone from /proc) means the supervisor saw the death and is in its restart pause.
-    wait_until(lambda: not Path(f"/proc/{victim}").exists(), 10, "the killed worker to be reaped", 0.002)
+    wait_until(lambda: not Path(f"/proc/{victim}").exists(), "the killed worker to be reaped", 10, 0.002)
     proc.send_signal(signal.SIGTERM)
     started = time.monotonic()
     code = wait_exit(runner, proc, 15)
     took = time.monotonic() - started
     assert code == 0, runner.output(proc)
-    wait_until(lambda: group_is_empty(proc.pid), 10, "every worker process to be gone")
+    wait_until(lambda: group_is_empty(proc.pid), "every worker process to be gone", 10)
     assert took < 10, f"the stop took {took:.1f} s"
 
 
@@ -87,7 +88,7 @@ def test_workers_of_a_sigkilled_supervisor_stop_instead_of_running_on_as_orphans
     proc.wait(10)
     started = time.monotonic()
     wait_until(
-        lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), 15, "the orphaned workers to stop"
+        lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), "the orphaned workers to stop", 15
     )
     took = time.monotonic() - started
     output = runner.output(proc)
@@ -107,12 +108,12 @@ def test_a_sigkilled_worker_is_restarted_and_sigterm_then_stops_all(cli):  # noq
         found = children(proc.pid)
         return found if len(found) == 2 and victim not in found else None
 
-    now = wait_until(replaced, 30, "the killed worker to be replaced")
+    now = wait_until(replaced, "the killed worker to be replaced", 30)
     assert len(now & pids) == 1, "the other worker kept running"
     assert proc.poll() is None
     code, _ = runner.terminate(proc, timeout=15)
     assert code == 0, runner.output(proc)
-    wait_until(lambda: group_is_empty(proc.pid), 10, "every worker process to be gone")
+    wait_until(lambda: group_is_empty(proc.pid), "every worker process to be gone", 10)
 
 
 @pytest.mark.slow

@@ -16,8 +16,8 @@ from bgq.model import WorkerMode, WorkerRow
 from bgq.reaper import REAP_INTERVAL
 from bgq.workers import Registry, version
 from tests.support.cli import run_bgq
-from tests.support.helpers import state_of
-from tests.support.work_app import ROOT, wait_until
+from tests.support.helpers import state_of, wait_until
+from tests.support.work_app import ROOT
 from tests.test_work import cli  # noqa: F401  (the fixture)
 
 
@@ -47,7 +47,7 @@ def test_registry_registers_heartbeats_and_deregisters(make_queue, installed):
         )  # fmt: skip
         first_beat = row["last_heartbeat_at"]
         queue.executor.current_job_id, queue.executor.jobs_done = 12345, 7
-        wait_until(lambda: _rows(installed)[0]["jobs_done"] == 7, 5, "the thread's heartbeat")
+        wait_until(lambda: _rows(installed)[0]["jobs_done"] == 7, "the thread's heartbeat", 5)
         (row,) = _rows(installed)
         assert row["current_job_id"] == 12345 and row["last_heartbeat_at"] > first_beat
         (listed,) = queue.workers()
@@ -94,7 +94,7 @@ def test_process_registers_for_its_run_and_counts_its_jobs(make_queue, installed
 def test_bgq_workers_lists_a_running_bgq_work_and_forgets_it_after_sigterm(installed, cli):  # noqa: F811
     runner = cli()
     proc = runner.start("work", "-c", "2")
-    wait_until(lambda: len(_rows(installed)) == 2, 30, "two registered workers", interval=0.2)
+    wait_until(lambda: len(_rows(installed)) == 2, "two registered workers", 30, step=0.2)
     env = {**runner.bgq_env, "BGQ_APP": "tests.support.work_app:queue"}
     listed = run_bgq("workers", "--json", cwd=ROOT, env=env)
     assert listed.returncode == 0, listed.stderr
@@ -127,7 +127,7 @@ def _a_slow_grouped_job_running(cli, make_queue):  # noqa: F811
     rest = [queue.publish("ledger", [f"k{n}", "g0"], serial_group="g0", priority=2) for n in range(3)]
     procs = {p.pid: p for p in (runner.start("work"), runner.start("work"))}
     start = wait_until(
-        lambda: next((e for e in runner.events() if e["token"] == "slow"), None), 30, "the slow job to start"
+        lambda: next((e for e in runner.events() if e["token"] == "slow"), None), "the slow job to start", 30
     )
     return runner, queue, slow, rest, procs, start["pid"]
 
@@ -149,7 +149,7 @@ def test_a_sigkilled_bgq_work_s_job_is_reaped_within_the_worker_bound(installed,
     procs[victim].wait(10)
     (survivor,) = set(procs) - {victim}
 
-    wait_until(lambda: state_of(installed, slow) != JobState.PROCESSING, DEAD + REAP_SLACK + 10, "the reap")
+    wait_until(lambda: state_of(installed, slow) != JobState.PROCESSING, "the reap", DEAD + REAP_SLACK + 10)
     (row,) = installed.sql("SELECT state, error_message, updated_at FROM {t} WHERE id = %s", (slow,))
     delay = (row["updated_at"] - last_beat) / dt.timedelta(seconds=1)
     print(
@@ -161,7 +161,7 @@ def test_a_sigkilled_bgq_work_s_job_is_reaped_within_the_worker_bound(installed,
     assert all(r["pid"] != victim for r in _rows(installed))  # the dead worker's row is gone
     installed.sql("UPDATE {t} SET postponed_by = 0 WHERE id = %s AND state = 4", (slow,))  # backoff over
     wait_until(
-        lambda: all(state_of(installed, j) == JobState.FINISHED for j in [slow, *rest]), 30, "the group"
+        lambda: all(state_of(installed, j) == JobState.FINISHED for j in [slow, *rest]), "the group", 30
     )
     code, _ = runner.terminate(procs[survivor], timeout=15)
     assert code == 0
@@ -186,8 +186,8 @@ def test_a_cancelled_job_whose_bgq_work_was_sigkilled_stays_cancelled_and_its_gr
 
     wait_until(
         lambda: all(state_of(installed, j) == JobState.FINISHED for j in rest),
-        DEAD + REAP_SLACK + 30,
         "the group",
+        DEAD + REAP_SLACK + 30,
     )
     (row,) = installed.sql("SELECT state, error_message, finished_at FROM {t} WHERE id = %s", (slow,))
     assert (row["state"], row["error_message"]) == (JobState.REDUNDANT, "Cancelled: operator stop")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +13,7 @@ from pika import exceptions as pe
 
 from bgq.broker.rabbitmq import RabbitConsumer, RabbitMQ, redact
 from tests.conftest import require_service
+from tests.support.helpers import wait_until
 
 AMQP_URL = os.environ.get("BGQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 
@@ -86,11 +86,9 @@ class Rabbit:
             channel.close()
 
     def count_eventually(self, queue: str, expected: int, within: float = 1.0) -> int:
-        """The count, polled until it equals `expected` or `within` seconds passed (requeues are async)."""
-        deadline = time.monotonic() + within
-        while (count := self.count(queue)) != expected and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return count
+        """`expected`, once the count is that (polled for `within` s: requeues are async)."""
+        wait_until(lambda: self.count(queue) == expected, f"{expected} message(s) in {queue}", within)
+        return expected
 
     def exists(self, queue: str) -> bool:
         channel = self.channel()

@@ -1,7 +1,11 @@
 """Contract of {table}_claim_ids (broker mode's batch claim): each id claimed as {table}_claim would
-claim it, in the order given, in one call; grouped ids after the first deferred; fencing and races."""
+claim it, in the order given, in one call; grouped ids after the first deferred; fencing and races;
+each part of the header (db/*/claim_ids.sql) on both dialects: parameters, Steps, Locks, Fencing,
+Idempotent, Group row, Transaction."""
 
 from __future__ import annotations
+
+import datetime as dt
 
 import pytest
 
@@ -11,12 +15,18 @@ from tests.support.helpers import (
     T0,
     WAITING_MS,
     at,
+    background,
+    claim,
     claimed,
+    group_row,
+    held_transaction,
     new_job,
     procs,
     row,
     run_together,
     set_row,
+    utc,
+    wait_for_lock_wait,
 )
 
 CLAIMABLE = (-1, 1, 4, 6, 8)
@@ -121,3 +131,87 @@ def test_an_id_claimed_before_is_unexpected_and_keeps_its_owner(installed):
 
 def test_an_empty_batch_calls_nothing(installed):
     assert claim_ids(installed, []) == []
+
+
+def test_a_grouped_job_goes_through_claim_job_with_the_worker_and_writes_its_group_row(installed):
+    """p_worker_id on the claim_job path too; Group row: the claim of a group's job writes the
+    group's row (upserted here: the group had none)."""
+    head = new_job(installed, group="gw")
+    assert group_row(installed, "gw") is None
+    ((_, result),) = claim_ids(installed, [head], now=at(3), worker_id=42)
+    assert (result.outcome, result.attempt, result.serial_group) == ("claimed", 1, "gw")
+    after = row(installed, head)
+    assert (after["state"], after["pid"], after["worker_id"], after["last_attempt_at"]) == (2, PID, 42, at(3))
+    assert group_row(installed, "gw") is not None
+
+
+def test_a_job_that_has_to_wait_gets_p_waiting_ms_as_its_postponement(installed):
+    """p_waiting_ms: postponed_by written when a job has to wait (its group's head runs)."""
+    head, second = new_job(installed, group="gq"), new_job(installed, group="gq")
+    claimed(installed, head)
+    ((_, result),) = claim_ids(installed, [second], now=at(1))
+    assert (result.outcome, result.state) == ("waiting", 6)
+    assert (row(installed, second)["state"], row(installed, second)["postponed_by"]) == (6, WAITING_MS)
+
+
+def test_an_ungrouped_job_of_a_paused_queue_is_paused_not_claimed(installed):
+    """Steps: only a job that is not paused (macros/rules.sql not_paused) takes the set-based path;
+    one in a paused (sub-)queue goes through claim_job, which leaves it alone."""
+    job = new_job(installed, queue=f"{QUEUE}_held")
+    with installed.db.transaction() as conn:
+        procs(installed).pause(conn, "queue", f"{QUEUE}_held", "tests", "tests", T0)
+    ((_, result),) = claim_ids(installed, [job], now=at(1))
+    assert result.outcome == "paused"
+    assert (row(installed, job)["state"], row(installed, job)["number_of_attempts"]) == (1, 0)
+
+
+def test_without_p_now_the_claim_is_stamped_with_the_servers_clock(installed):
+    """p_now NULL: the server's clock (clock_timestamp() / UTC_TIMESTAMP(6)), on both paths."""
+    plain, head = new_job(installed), new_job(installed, group="gn")
+    results = dict(claim_ids(installed, [plain, head], now=None))
+    assert (results[plain].outcome, results[head].outcome) == ("claimed", "claimed")
+    now = dt.datetime.now(dt.UTC)
+    for job in (plain, head):
+        stamped = utc(row(installed, job)["last_attempt_at"])
+        assert stamped is not None and abs(stamped - now) < dt.timedelta(minutes=5), (job, stamped)
+
+
+@pytest.mark.parametrize("holder_commits", [True, False], ids=["committed", "rolled-back"])
+def test_the_update_waits_for_a_row_another_transaction_holds_and_then_rechecks_it(installed, holder_commits):
+    """Locks: the set-based UPDATE waits for an ungrouped job's row another transaction holds,
+    then re-checks it: claimed by that transaction (committed), it is not claimed again
+    ('unexpected', the first owner's claim untouched); released unchanged (rolled back), it is
+    claimed."""
+    job = new_job(installed)
+    with background() as run, held_transaction(installed) as holder:
+        assert claim(installed, job, conn=holder).outcome == "claimed"
+        batch = run(claim_ids, installed, [job], at(5), 7)
+        wait_for_lock_wait(installed)
+        assert not batch.done()
+        if holder_commits:
+            holder.commit()
+        else:
+            holder.rollback()
+        ((_, result),) = batch.result(timeout=30)
+    after = row(installed, job)
+    if holder_commits:
+        assert (result.outcome, result.attempt) == ("unexpected", None)
+        assert (after["number_of_attempts"], after["last_attempt_at"], after["worker_id"]) == (1, T0, None)
+    else:
+        assert (result.outcome, result.attempt) == ("claimed", 1)
+        assert (after["number_of_attempts"], after["last_attempt_at"], after["worker_id"]) == (1, at(5), 7)
+
+
+def test_it_never_commits_a_rolled_back_call_claims_nothing(installed):
+    """Transaction: the caller's transaction owns every write; rolled back, no job is claimed."""
+    plain, head = new_job(installed), new_job(installed, group="gr")
+    conn = installed.db.engine.connect()
+    try:
+        conn.begin()
+        results = dict(procs(installed).claim_ids(conn, [plain, head], QUEUE, PID, WAITING_MS, T0))
+        assert (results[plain].outcome, results[head].outcome) == ("claimed", "claimed")
+        conn.rollback()
+    finally:
+        conn.close()
+    for job in (plain, head):
+        assert (row(installed, job)["state"], row(installed, job)["number_of_attempts"]) == (1, 0)

@@ -62,7 +62,7 @@ def queue() -> Queue:
 
     @built.task
     async def greet(token: str) -> None:
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0)  # suspends once on the process's event loop
         write("run", token, loop_id())
 
     @built.task

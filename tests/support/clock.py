@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import time as _time
+from typing import Any
 
 
 class Clock:
@@ -23,3 +25,33 @@ class Clock:
         """Move the clock `seconds` forward and return the new time."""
         self.now += dt.timedelta(seconds=seconds)
         return self.now
+
+
+class FakeTime:
+    """A stand-in for the `time` module of one bgq module whose time.monotonic() and
+    time.perf_counter() a test moves forward: `monkeypatch.setattr(bgq.executor, "time",
+    fake)`, then `fake.advance(1.2)` is what a process stopped (SIGSTOP, a paused VM) or busy for
+    1.2 s sees, without waiting. Every other name is the real time module's."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return _time.monotonic() + self.offset
+
+    def perf_counter(self) -> float:
+        return _time.perf_counter() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_time, name)
+
+
+def fake_time(monkeypatch: Any, *modules: Any) -> FakeTime:
+    """One FakeTime as the `time` of every module given (bgq.work, bgq.pipeline, ...)."""
+    fake = FakeTime()
+    for module in modules:
+        monkeypatch.setattr(module, "time", fake)
+    return fake

@@ -218,12 +218,24 @@ def wait_for_lock_wait(installed: Any, timeout: float = 10.0) -> None:
         query = "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s"
         interval = 0.01
     pattern = f"%{installed.table}%"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if int(installed.sql(query, (pattern,))[0]["n"]) > 0:
-            return
-        time.sleep(interval)
-    raise AssertionError(f"nobody waited for a lock on {installed.table} within {timeout} s")
+    wait_until(
+        lambda: int(installed.sql(query, (pattern,))[0]["n"]) > 0,
+        f"a session waiting for a lock on {installed.table}",
+        timeout,
+        step=interval,
+    )
+
+
+def wait_session_gone(installed: Any, session: int, timeout: float = 10.0) -> None:
+    """Poll until the server has closed `session` (e.g. it cut a transaction left idle)."""
+    query = (
+        "SELECT COUNT(*) AS n FROM information_schema.PROCESSLIST WHERE ID = %s"
+        if installed.db.dialect.name == "mysql"
+        else "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE pid = %s"
+    )
+    wait_until(
+        lambda: int(installed.sql(query, (session,))[0]["n"]) == 0, f"session {session} closed", timeout, 0.05
+    )
 
 
 def run_together(*calls: Callable[[], Any]) -> list[Any]:
@@ -392,11 +404,22 @@ def fail_first_follow_up(queue: Any, monkeypatch: Any) -> list[int]:
     return calls
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 10.0, step: float = 0.02) -> None:
-    """Poll `predicate` until it is true; AssertionError naming `what` after `timeout` seconds. The
-    one wait-until helper of the suite: a test that waits for another process or the server."""
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 10.0, step: float = 0.02) -> Any:
+    """Poll `predicate` until it returns something true, and return that; AssertionError naming
+    `what` after `timeout` seconds. The one wait-until helper of the suite: a test that waits for
+    another thread, process or the server waits for the condition itself, never a fixed time."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while not (value := predicate()):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(step)
+        time.sleep(step)  # real: the poll interval while another thread, process or the server works
+    return value
+
+
+#: Seconds one write of results takes in the backpressure tests (slower than their jobs).
+SLOW_WRITE = 0.05
+
+
+def slow_write() -> None:
+    """A database write slower than the jobs (a loaded server), for the backpressure tests."""
+    time.sleep(SLOW_WRITE)  # real: the worker's threads must see a slow commit, as on a loaded server

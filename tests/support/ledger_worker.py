@@ -57,9 +57,7 @@ def _write(event: str, token: str, grp: str | None) -> None:
 
 
 def ledger_job(token: str, grp: str | None = None) -> None:
-    _write("start", token, grp)
-    time.sleep(random.uniform(0, 0.003))
-    _write("end", token, grp)
+    slow_ledger_job(token, grp, random.uniform(0, 0.003))
 
 
 def _queue(url: str, table: str, ledger: str) -> Queue:
@@ -104,7 +102,7 @@ def race_one(url: str, table: str, ledger: str, job_ids: list[int], barrier: Any
 
 def slow_ledger_job(token: str, grp: str | None = None, seconds: float = 0.0) -> None:
     _write("start", token, grp)
-    time.sleep(seconds)
+    time.sleep(seconds)  # real: the job's run time in a real worker process, which others overlap
     _write("end", token, grp)
 
 

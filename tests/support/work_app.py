@@ -20,7 +20,6 @@ import random
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import sqlalchemy as sa
 
 from bgq import Queue
 from tests.support.cli import BGQ, bgq_vars
+from tests.support.helpers import wait_until
 
 _engines: dict[tuple[int, str], sa.Engine] = {}
 
@@ -76,7 +76,7 @@ def write(event: str, token: str, grp: str | None = None) -> None:
 def ledger(token: str, grp: str | None = None, seconds: float = 0.0) -> None:
     """A job of the proofs: start, a short random pause (or `seconds`), end."""
     write("start", token, grp)
-    time.sleep(seconds if seconds else random.uniform(0, 0.004))
+    time.sleep(seconds if seconds else random.uniform(0, 0.004))  # real: a job's run time in `bgq work`
     write("end", token, grp)
 
 
@@ -129,23 +129,11 @@ def crashing_queue() -> Queue:
     return built
 
 
-# --- for the tests: `bgq work` processes on this app, and waiting ---
+# --- for the tests: `bgq work` processes on this app ---
 
 ROOT = (
     Path(__file__).resolve().parents[2]
 )  # the repository root: the CLI imports `tests.support.work_app` from it
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll `predicate` until it returns something true; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 class Cli:
@@ -189,9 +177,9 @@ class Cli:
         """Wait until `count` worker processes have loaded the app (and so are about to claim)."""
         wait_until(
             lambda: sum(e["event"] == "ready" for e in self.events()) >= count,
-            timeout,
             f"{count} worker(s) to start",
-            interval=0.1,
+            timeout,
+            step=0.1,
         )
 
     def terminate(self, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> tuple[int, float]:

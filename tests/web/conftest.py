@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ import uvicorn  # noqa: E402
 from bgq.errors import PermanentErrorException  # noqa: E402
 from bgq.web import Credentials, app  # noqa: E402
 from tests.conftest import IN_CI  # noqa: E402
+from tests.support.helpers import wait_until  # noqa: E402
 
 ADMIN = {"username": "ada", "password": "admin-secret"}
 READER = {"username": "rick", "password": "reader-secret"}
@@ -86,10 +86,7 @@ class Console:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
+        wait_until(lambda: self.server.started, "uvicorn started")
 
     def stop(self) -> None:
         self.server.should_exit = True

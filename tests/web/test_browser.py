@@ -56,7 +56,9 @@ def test_a_change_while_a_refresh_is_in_flight_is_shown_too(pages, console):
         held.append(route.fetch())  # the counts as they are now: one READY job
         console.queue.publish("mail", {"to": "b@example.com"})
         console.queue.publish("mail", {"to": "c@example.com"})
-        time.sleep(3.5)  # their `change` (NOTIFY, or the 2 s fingerprint poll) reaches the page
+        # real: a slow response, while their `change` (NOTIFY, or the 2 s fingerprint poll)
+        # reaches the page; the route handler cannot look into the page meanwhile
+        time.sleep(3.5)
         route.fulfill(response=held[0])
 
     page = pages(ADMIN)
