@@ -63,11 +63,15 @@ def test_delayed_message_arrives_only_after_its_ttl(rabbit: Rabbit) -> None:
     broker, q = rabbit.broker(), rabbit.name()
     delay_queue = f"{q}_1_300"
     rabbit.queues.add(delay_queue)
+    published = time.monotonic()
     broker.publish(9, q, 1, delay_ms=300)
     consumer = rabbit.consumer(broker)
-    assert consumer.take(q, [1], timeout=0.1) is None
     assert rabbit.exists(delay_queue)
-    delivery = consumer.take(q, [1], timeout=3)
+    delivery = consumer.take(q, [1], timeout=0.1)
+    if delivery is None:  # the usual case: asked for well inside the TTL
+        delivery = consumer.take(q, [1], timeout=3)
+    # Counted from the publish: on a loaded machine the consumer may only be ready after it.
+    assert time.monotonic() - published >= 0.3, "delivered before its TTL"
     assert delivery is not None
     assert (delivery.body, delivery.priority) == ("9", 1)
     delivery.ack()
