@@ -252,7 +252,10 @@ class Fleet:
             frozen = list(self.frozen)
         for pid in frozen:
             self.cont(pid, "teardown")
-        procs = [p for u in self.units for p in u.procs]
+        # Only processes not yet reaped: the pid of one that was (a worker the harness killed
+        # earlier) may belong to someone else by now, and as a process group a restarted server's
+        # (a Galera node leads its own session): a killpg there once shut a database down.
+        procs = [p for u in self.units for p in u.procs if p.poll() is None]
         for proc in procs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGTERM)

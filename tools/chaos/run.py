@@ -141,7 +141,7 @@ def schedule(
     count = getattr(args, "topology_faults", 0) if topology_kinds else 0
     if count:
         first = getattr(args, "topology_first", 8.0)
-        step = max(1.0, (end - first) / count)
+        step = getattr(args, "topology_every", None) or max(1.0, (end - first) / count)
         out += [
             (
                 round(first + i * step + rng.uniform(0, min(3.0, step / 4)), 2),

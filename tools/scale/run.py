@@ -17,8 +17,9 @@ Presets:
   ci    a few minutes per topology: 4,000 jobs (at 1,500 a work run ended before its failover),
         4 workers, one topology fault per run, at most
         two modes; the reduced run of .ci/run. Prints the tables; writes nothing unless --out.
-  full  6,000 jobs, 6 workers (a topology's `full_chaos_workers` for a mode: PgBouncer's
-        work runs have 50), three topology faults per run, every mode, 10,000 jobs in the throughput pair;
+  full  15,000 jobs, 6 workers (a topology's `full_chaos_workers` for a mode: PgBouncer's
+        work runs have 50), three topology faults per run, 15 s apart from 15 s in (50
+        workers take seconds to start), every mode, 10,000 jobs in the throughput pair;
         writes docs/scale-out.md.
 Exit code 1 when a run has a violation or a stuck job, no topology fault struck, a busy worker
 did not come back within the topology's recovery bound, or (full) the throughput ratio is below
@@ -65,9 +66,10 @@ PRESETS: dict[str, dict[str, object]] = {
         out=None,
     ),
     "full": dict(
-        jobs=6000, groups=60, ungrouped_share=0.15, workers=6, seconds=500.0, stalled_timeout=8,
+        jobs=15000, groups=60, ungrouped_share=0.15, workers=6, seconds=500.0, stalled_timeout=8,
         kill_every=6.0, stop_every=25.0, dbkill_every=25.0, broker_restarts=0, drain=200.0,
-        lost_timeout=30, topology_faults=3, topology_first=6.0, throughput_jobs=10000, max_modes=9,
+        lost_timeout=30, topology_faults=3, topology_first=15.0, topology_every=15.0,
+        throughput_jobs=10000, max_modes=9,
         out="docs/scale-out.md",
     ),
 }  # fmt: skip
