@@ -62,7 +62,7 @@ PRESETS: dict[str, dict[str, object]] = {
     "ci": dict(
         jobs=4000, groups=20, ungrouped_share=0.1, workers=4, seconds=150.0, stalled_timeout=8,
         kill_every=8.0, stop_every=30.0, dbkill_every=0.0, broker_restarts=0, drain=60.0,
-        lost_timeout=15, topology_faults=1, topology_first=5.0, throughput_jobs=3000, max_modes=2,
+        lost_timeout=15, topology_faults=1, topology_first=3.0, throughput_jobs=3000, max_modes=2,
         out=None,
     ),
     "full": dict(
