@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from bgq import retry
-from bgq.db import Database
+from bgq.db import Database, Proc
 from bgq.errors import (
     ConnectionLostError,
     DatabaseError,
@@ -193,6 +193,43 @@ def test_a_real_lock_wait_timeout_is_a_retryable_lock_timeout(dialect, installed
             conn.exec_driver_sql(f"UPDATE {installed.table} SET priority = 2 WHERE id = %s", (job,))
     assert caught.value.retryable
     assert "Cannot reach" not in str(caught.value)
+
+
+def test_an_error_a_procedure_raises_after_its_rows_reaches_the_caller(dialect, installed, own_db):
+    """A procedure that sends its rows and then fails (here: a lock wait timeout in the UPDATE
+    after its SELECT) raises through Database.call, fast or not. On MySQL the error comes with
+    the CALL's status, after the rows; read through SQLAlchemy's result it was logged as "Error
+    closing cursor" and dropped, and the caller went on to COMMIT as if the procedure had run
+    (what a Galera certification failure did to a claim). PostgreSQL's function fails whole."""
+    name = f"{installed.table}_rows_then_update"
+    if dialect == "mysql":
+        create = (
+            f"CREATE PROCEDURE {name}(IN p_id BIGINT) BEGIN "
+            f"SELECT p_id AS id; UPDATE {installed.table} SET priority = 2 WHERE id = p_id; END"
+        )
+        drop = f"DROP PROCEDURE IF EXISTS {name}"
+    else:
+        create = (
+            f"CREATE FUNCTION {name}(p_id bigint) RETURNS TABLE (id bigint) LANGUAGE plpgsql AS $$ "
+            f"BEGIN RETURN QUERY SELECT p_id; UPDATE {installed.table} SET priority = 2 "
+            f"WHERE {installed.table}.id = p_id; END $$"
+        )
+        drop = f"DROP FUNCTION IF EXISTS {name}(bigint)"
+    probe = Proc("rows_then_update", (("p_id", "bigint"),))
+    installed.sql(drop)
+    installed.sql(create)
+    try:
+        job = new_job(installed)
+        with held_transaction(installed) as holder:
+            holder.exec_driver_sql(f"SELECT id FROM {installed.table} WHERE id = %s FOR UPDATE", (job,)).all()
+            for fast in (False, True):
+                with pytest.raises(LockTimeoutError), own_db.transaction() as conn:
+                    _short_lock_wait(conn, dialect)
+                    own_db.call(conn, installed.table, probe, [job], fast=fast)
+        with own_db.transaction() as conn:  # once the lock is gone, the same call returns its row
+            assert own_db.call(conn, installed.table, probe, [job]) == [{"id": job}]
+    finally:
+        installed.sql(drop)
 
 
 def test_the_retry_policy_cures_a_lock_timeout_once_the_lock_is_gone(dialect, installed, own_db):

@@ -289,14 +289,22 @@ class Database:
         its own (autocommit for that statement: one round trip instead of BEGIN, the call,
         COMMIT; a function's statement is atomic, and its locks last until it ends, which is the
         transaction's end). The transaction's COMMIT then has nothing to do (psycopg sends
-        nothing). On MySQL a CALL is not atomic by itself, so `alone` changes nothing there."""
+        nothing). On MySQL a CALL is not atomic by itself, so `alone` changes nothing there.
+
+        On MySQL every call takes the DBAPI cursor, `fast` or not, and reads every result the
+        CALL sends: its rows, then its status. An error can come with the status, after the rows
+        (a deadlock or a Galera certification failure of a statement after the procedure's
+        SELECT, which rolled the whole transaction back; a lock wait timeout, which undid only
+        that statement). SQLAlchemy reads the status only when it closes the cursor and logs and
+        drops an error it finds there ("Error closing cursor"): the caller would take the rows,
+        COMMIT what is left and act on a claim or a result that is not in the database."""
         if len(args) != len(proc.params):
             raise TypeError(f"{proc.name} takes {len(proc.params)} arguments, got {len(args)}")
         key = (table, proc.name)
         statement = self._statements.get(key)
         if statement is None:
             statement = self._statements[key] = self.dialect.call_sql(table, proc)
-        if not fast:
+        if not fast and self.dialect.name != "mysql":
             return self.rows(conn, statement, tuple(args))
         raw: Any = conn.connection.driver_connection
         single = alone and self.dialect.name == "postgres" and raw.info.transaction_status == _PG_IDLE
@@ -309,13 +317,14 @@ class Database:
                     cursor.execute(statement, tuple(args))
                     # A procedure's columns never change: read once (psycopg builds its
                     # description afresh, column by column, on each read).
-                    names = self._columns.get(key)
-                    if names is None:
-                        description = cursor.description
-                        if description is None:
-                            return []
-                        names = self._columns[key] = [column[0] for column in description]
-                    return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
+                    names, values = self._columns.get(key), []
+                    if cursor.description is not None:
+                        if names is None:
+                            names = self._columns[key] = [column[0] for column in cursor.description]
+                        values = cursor.fetchall()
+                    while cursor.nextset():  # the CALL's status: an error there raises here
+                        pass
+                    return [dict(zip(names, row, strict=True)) for row in values] if names else []
                 finally:
                     cursor.close()
             finally:
