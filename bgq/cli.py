@@ -393,6 +393,9 @@ def process(
     A run stops claiming after --max-runtime seconds (the next run goes on). A run that finds the
     previous one still holding this host's lock exits 0; if that one has held it for longer than
     --stale-after seconds (hung: stopped, stuck in I/O) it also logs CRITICAL with its pid and age.
+    A pass in which a claim or a result write failed (the database refused it past the retries)
+    exits 1 after saying so on stderr; a job whose callback failed is the job's outcome, not an
+    error of the pass.
     """
     queue = app_queue()
     with locked(queue_lock_name("process", queue), stale_after):
@@ -400,6 +403,13 @@ def process(
         done = ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items())) or "nothing due"
         limit = f"; stopped at --max-runtime {max_runtime:g} s" if report.timed_out else ""
         typer.echo(f"processed: {done}; reaped {report.reaped}{limit}")
+    if report.outcomes.get("error"):  # cron's monitoring sees a pass that did not do its work
+        typer.echo(
+            f"bgq process: {report.outcomes['error']} error(s) in this pass (a claim or a result "
+            "write failed; the log says which); exit status 1.",
+            err=True,
+        )
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -110,6 +110,7 @@ class Pipeline:
         self.wake = threading.Condition(self.lock)
         self.writing: list[Done] = []  # results the writer has taken and not yet written
         self.writes = 0  # calls of `write` that have ended (written or not)
+        self.failures = 0  # calls of `write` that failed (cron mode's exit status counts them)
         self.closing = False
         self.writer = threading.Thread(target=self._writer, name=name, daemon=True)
 
@@ -249,6 +250,8 @@ class Pipeline:
                         # not the database's, or a broker send): what was written stays written;
                         # an unwritten job stays PROCESSING for the reaper.
                         self.log.critical("bgq: Writing results failed; going on.", exc_info=exc)
+                        with self.lock:
+                            self.failures += 1
                     finally:
                         with self.lock:
                             self.writing = []

@@ -106,7 +106,7 @@ def check(
 def run_until_idle(queue: Parts, limit: int, deadline: float | None = None) -> tuple[int, bool, bool]:
     """Cron mode's pass (`bgq process` without a broker): the worker's loop, claiming at most
     `limit` jobs and none after `deadline` (time.monotonic()), ending when claims find nothing.
-    Returns (jobs run, whether a claim failed on a database error, whether the deadline passed)."""
+    Returns (jobs run, whether a claim or a result write failed, whether the deadline passed)."""
     worker = _Worker(
         queue,
         queue.config.queue,
@@ -118,7 +118,8 @@ def run_until_idle(queue: Parts, limit: int, deadline: float | None = None) -> t
         deadline=deadline,
     )
     ran = worker.run()
-    return ran, worker.failed, deadline is not None and time.monotonic() >= deadline
+    failed = worker.failed or worker.pipeline.failures > 0
+    return ran, failed, deadline is not None and time.monotonic() >= deadline
 
 
 class _Worker:
@@ -144,7 +145,7 @@ class _Worker:
         self.limit = limit  # cron mode: run at most this many jobs, stop when idle
         self.deadline = deadline  # cron mode: claim nothing after this time.monotonic()
         self.ran = 0  # jobs whose callback ran (cron mode's limit counts these and the held ones)
-        self.failed = False  # cron mode: the run ended on a database error
+        self.failed = False  # cron mode: a claim failed (the run ended) or a result write failed
         # The groups this worker keeps (main thread only), each since when (time.monotonic()).
         self.kept: dict[str, float] = {}
 
@@ -328,6 +329,7 @@ class _Worker:
                 self._write([*self.pipeline.take(), done])
             except Exception as exc:  # as on the writer thread: the worker goes on
                 self.log.critical("bgq: Writing results failed; going on.", exc_info=exc)
+                self.failed = True
         else:
             self.pipeline.put(done)  # the writer writes it with the others
         if outcome.die:

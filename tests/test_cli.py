@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bgq import JobState
+from bgq import JobState, Queue
 from bgq.db import Database
 from bgq.install import uninstall
 from tests.conftest import DATABASE_URLS
@@ -266,3 +266,62 @@ def test_the_command_line_starts_without_the_orm_the_async_driver_or_the_templat
     probe = f"import sys, bgq.cli; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_process_exits_1_when_a_claim_of_its_pass_fails(tmp_path, dialect, db_url):
+    """A pass whose claim the database refuses (here: the claim procedure was dropped while the
+    first job ran) says so in one line and exits 1, so cron's monitoring sees it; the job that
+    ran is still written. A pass whose callback fails is not an error of the pass (exit 0)."""
+    table = unique_name("bgqfail")
+    kind = "PROCEDURE" if dialect == "mysql" else "FUNCTION"
+    module = unique_name("bgqapp")
+    (tmp_path / f"{module}.py").write_text(
+        textwrap.dedent(
+            f"""
+            from sqlalchemy import create_engine, text
+
+            import bgq
+
+
+            def sabotage():
+                engine = create_engine({db_url!r})
+                with engine.begin() as conn:
+                    conn.execute(text("DROP {kind} {table}_claim_batch"))
+                engine.dispose()
+
+
+            def broken():
+                raise RuntimeError("the callback's own failure")
+
+
+            queue = bgq.Queue(
+                callbacks={{"sabotage": sabotage, "broken": broken}},
+                database_url={db_url!r},
+                table_name={table!r},
+                queue="general",
+            )
+            """
+        )
+    )
+    app = ("--app", f"{module}:queue")
+    assert bgq(*app, "install-procs", pythonpath=tmp_path).returncode == 0
+    try:
+        queue = Queue(callbacks={"sabotage": print, "broken": print}, database_url=db_url, table_name=table,
+                      queue="general")  # fmt: skip
+        broken = queue.publish("broken")
+        result = bgq(*app, "process", pythonpath=tmp_path)
+        assert result.returncode == 0, result
+        assert (queue.get_job(broken) or {})["state"] != JobState.FINISHED  # failed, retried later
+        job = queue.publish("sabotage")
+        result = bgq(*app, "process", pythonpath=tmp_path)
+        assert result.returncode == 1, result
+        assert "error(s) in this pass" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert (queue.get_job(job) or {})["state"] == JobState.FINISHED
+        queue.close()
+    finally:
+        db = Database(db_url)
+        try:
+            uninstall(db, table)
+        finally:
+            db.dispose()
