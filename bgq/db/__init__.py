@@ -181,18 +181,19 @@ class Database:
         if not context.is_disconnect and isinstance(error, NodeNotReadyError):
             context.is_disconnect = True
             context.invalidate_pool_on_disconnect = False
+        elif isinstance(error, ReadOnlyError):
+            context.is_disconnect = True
+        if context.is_disconnect and orig is not None:
+            self._say_reconnecting(error, orig)
+
+    def _say_reconnecting(self, error: BgqError | None, orig: BaseException) -> None:
+        """The one line a dropped session logs (SQLAlchemy's handle_error, and `call`'s cursor)."""
+        if isinstance(error, NodeNotReadyError):
             self.log.warning(
                 f"bgq: The database node is not ready (Galera: not Synced); reconnecting. ({orig})"
             )
-            return
-        if isinstance(error, ReadOnlyError):
-            context.is_disconnect = True  # (the caller logs the ReadOnlyError, once)
-            return
-        if context.is_disconnect:
-            self.log.critical(
-                "bgq: The database connection was lost; reconnecting."
-                f" ({_one_line(context.original_exception)})"
-            )
+        elif not isinstance(error, ReadOnlyError):  # (the caller logs a ReadOnlyError, once)
+            self.log.critical(f"bgq: The database connection was lost; reconnecting. ({_one_line(orig)})")
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
@@ -333,6 +334,7 @@ class Database:
         except self.driver_error as exc:
             error = self.translate(exc)
             if isinstance(error, DatabaseUnavailableError):
+                self._say_reconnecting(error, exc)
                 conn.invalidate()
             raise error from exc
 
