@@ -26,11 +26,12 @@ def _standby_url(url: str, dialect: str) -> str:
 
 
 class Statements:
-    """Counts the statements an engine runs."""
+    """Counts the connections an engine hands out: every statement runs on one, also a procedure
+    call on the driver's cursor, which SQLAlchemy's statement events do not see."""
 
     def __init__(self, engine: sa.Engine) -> None:
         self.n = 0
-        event.listen(engine, "before_cursor_execute", self._count)
+        event.listen(engine, "checkout", self._count)
 
     def _count(self, *args: object) -> None:
         self.n += 1
