@@ -3,9 +3,11 @@
 Nodes: mariadbd 10.11 with galera-4 (wsrep_on, binlog_format ROW, innodb_autoinc_lock_mode 2),
 each with its own datadir, option file, socket and pid file in the workdir, run as user mysql,
 never reading /etc/mysql (each gets `--defaults-file` of its own, which the SST scripts read too)
-and never touching the machine's server on 3306. Ports: mysqld 33061-33063, gmcast 45671-45673,
-IST 45681-45683, rsync SST 44441-44443, haproxy 33060. The first node bootstraps the cluster
-(`--wsrep-new-cluster`), the others join it by SST.
+and never touching the machine's server on 3306. Ports: mysqld 23061-23063, gmcast 24671-24673,
+IST 24681-24683, rsync SST 24441-24443, haproxy 23060: all below the kernel's ephemeral range
+(32768-60999), where a node restarted under load could find its port taken as the local end of
+some client's connection (seen: `Bind on TCP/IP port ... Address already in use` on 33062). The
+first node bootstraps the cluster (`--wsrep-new-cluster`), the others join it by SST.
 
 haproxy balances the workers' connections over the nodes (`balance leastconn`), and drops a node
 that is not Synced: its health check is an external check that asks the node for
@@ -35,12 +37,12 @@ from pathlib import Path
 from tools.scale.topology import FaultSink, Gone, Topology, alive, fresh_dir, port_open, stop_pids, wait_until
 
 PROVIDER = "/usr/lib/galera/libgalera_smm.so"
-MYSQLD_PORTS = (33061, 33062, 33063)
-GMCAST_PORTS = (45671, 45672, 45673)
-IST_PORTS = (45681, 45682, 45683)
-SST_PORTS = (44441, 44442, 44443)
-HAPROXY_PORT = 33060
-HAPROXY_STATS_PORT = 33069
+MYSQLD_PORTS = (23061, 23062, 23063)
+GMCAST_PORTS = (24671, 24672, 24673)
+IST_PORTS = (24681, 24682, 24683)
+SST_PORTS = (24441, 24442, 24443)
+HAPROXY_PORT = 23060
+HAPROXY_STATS_PORT = 23069
 #: How long a node may take to start, to join (SST included) and to become Synced.
 JOIN_SECONDS = 120.0
 #: How long a restarted node may take to rejoin by IST before it is killed again and made to
