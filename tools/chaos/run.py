@@ -197,6 +197,24 @@ def publish(
     return jobs
 
 
+#: How long the faults' clock waits for the fleet's first finished job, at most (seconds).
+FAULT_CLOCK_WAIT = 120.0
+
+
+def first_finished(poll: sa.Engine, table: str, seconds: float) -> float:
+    """When the fleet finished its first job (time.monotonic(); at most `seconds` from now): the
+    clock of the fault plan. Fifty workers starting on two cores take tens of seconds; a fault
+    planned before any job ran struck an idle fleet and proved nothing about recovery (a
+    PgBouncer run: two of its three pooler faults before the first job)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(sa.exc.DBAPIError), poll.connect() as conn:
+            if conn.exec_driver_sql(f"SELECT 1 FROM {table} WHERE state = 3 LIMIT 1").first():
+                break
+        time.sleep(0.2)
+    return time.monotonic()
+
+
 def inject(
     fleet: Fleet, server: services.Server, database: str, plan: list[tuple[float, str]], t0: float,
     args: argparse.Namespace, rng: random.Random, done: threading.Event, topology: Topology | None = None,
@@ -296,7 +314,8 @@ def run_one(
         flush=True,
     )
     print(
-        "   fault schedule (s after start): " + (", ".join(f"{t:.1f} {k}" for t, k in plan) or "none"),
+        "   fault schedule (s after the first job finished): "
+        + (", ".join(f"{t:.1f} {k}" for t, k in plan) or "none"),
         flush=True,
     )
     server.create(database)
@@ -315,8 +334,9 @@ def run_one(
         poll = sa.create_engine(worker_url, pool_pre_ping=True, connect_args=services.connect_args(dialect))
         t0 = time.monotonic()
         fleet.start()
+        work_began = first_finished(poll, table, FAULT_CLOCK_WAIT)
         injector = threading.Thread(
-            target=inject, args=(fleet, server, database, plan, t0, args, rng, done, topology)
+            target=inject, args=(fleet, server, database, plan, work_began, args, rng, done, topology)
         )
         injector.start()
         finished = 0
