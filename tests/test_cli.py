@@ -61,6 +61,15 @@ def write_app(tmp_path: Path, url: str, table: str, *, extra: str = "") -> str:
     return module
 
 
+def _uninstall(url: str, table: str) -> None:
+    """Drop what install-procs created for `table` (a test's own table)."""
+    db = Database(url)
+    try:
+        uninstall(db, table)
+    finally:
+        db.dispose()
+
+
 def assert_clean_failure(result, code: int | None = None) -> None:
     """Failed with a message of bgq's own: non-zero, on stderr, without a Python traceback."""
     if code is None:
@@ -165,11 +174,7 @@ def test_install_procs_twice(dialect, db_url, prefix):
         assert alias.returncode == 0, alias.stderr
         assert alias.stdout.startswith("already up to date")
     finally:
-        db = Database(db_url)
-        try:
-            uninstall(db, table)
-        finally:
-            db.dispose()
+        _uninstall(db_url, table)
 
 
 def test_install_procs_through_the_app(dialect, db_url, tmp_path):
@@ -183,11 +188,7 @@ def test_install_procs_through_the_app(dialect, db_url, tmp_path):
         assert second.returncode == 0, second.stderr
         assert second.stdout.startswith(f"already up to date: table {table} on ")
     finally:
-        db = Database(db_url)
-        try:
-            uninstall(db, table)
-        finally:
-            db.dispose()
+        _uninstall(db_url, table)
 
 
 def test_process_runs_a_published_job(make_queue, installed, tmp_path):
@@ -320,8 +321,4 @@ def test_process_exits_1_when_a_claim_of_its_pass_fails(tmp_path, dialect, db_ur
         assert (queue.get_job(job) or {})["state"] == JobState.FINISHED
         queue.close()
     finally:
-        db = Database(db_url)
-        try:
-            uninstall(db, table)
-        finally:
-            db.dispose()
+        _uninstall(db_url, table)
