@@ -170,12 +170,7 @@ BEGIN
         WHERE
             {{ in_queue('s') }}
             AND {{ due('s') }}
-            AND s.id = (
-                SELECT x.id FROM {{ table }} AS x
-                WHERE x.pending_group = s.serial_group
-                ORDER BY x.priority, x.id
-                LIMIT 1
-            )
+            AND s.id = {{ group_head_id('s.serial_group') | indent(12) }}
             AND {{ no_job_running('s.serial_group') }}
         ORDER BY s.priority, s.id
         LIMIT v_head_candidates
@@ -218,16 +213,8 @@ BEGIN
                 SELECT h.id INTO v_head
                 FROM {{ table }} AS h
                 WHERE
-                    h.id = (
-                        SELECT x.id FROM {{ table }} AS x
-                        WHERE x.pending_group = v_group
-                        ORDER BY x.priority, x.id
-                        LIMIT 1
-                    )
-                    AND h.state IN (1, 4, 6, 8)
-                    AND h.priority BETWEEN v_min AND v_max
-                    AND {{ in_queue('h') | indent(20) }}
-                    AND {{ due('h') | indent(20) }};
+                    h.id = {{ group_head_id('v_group') | indent(20) }}
+                    AND {{ head_claimable('h') | indent(20) }};
                 IF v_head IS NOT NULL THEN
                     SET v_head_json = JSON_ARRAY_APPEND(v_head_json, '$', v_head);
                 END IF;
@@ -331,7 +318,7 @@ BEGIN
                     'bgq_batch_claim',
                     'UPDATE ' ~ table ~ ' SET ' ~ claim_write(now='?', pid='?', worker='?') ~ ' WHERE id IN',
                     'v_list',
-                    ' AND state IN (1, 4, 6, 8)',
+                    ' AND ' ~ claimable(),
                     '@bgq_now, @bgq_pid, @bgq_worker, @bgq_now',
                 ) | indent(16) }}
                 SET v_claimed = JSON_MERGE_PRESERVE(v_claimed, v_take);

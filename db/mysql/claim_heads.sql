@@ -151,33 +151,25 @@ BEGIN
         -- {{ table }}_claim_job. (A free group's running index is not read: see p_free.)
         SELECT STRAIGHT_JOIN
             JSON_ARRAYAGG(IF(
-                h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL, h.id, NULL
+                {{ plain_head('h') }}, h.id, NULL
             )) AS plain,
             JSON_ARRAYAGG(IF(
-                h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL, NULL, h.id
+                {{ plain_head('h') }}, NULL, h.id
             )) AS other,
-            SUM(NOT (h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL)) AS others,
+            SUM(NOT ({{ plain_head('h') }})) AS others,
             JSON_ARRAYAGG(IF(
-                h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL,
+                {{ plain_head('h') }},
                 h.serial_group,
                 NULL
             )) AS plain_groups
         INTO v_plain, v_long, v_long_count, v_plain_groups
         FROM (
-            SELECT (
-                SELECT x.id FROM {{ table }} AS x
-                WHERE x.pending_group = l.name COLLATE utf8mb4_bin
-                ORDER BY x.priority, x.id
-                LIMIT 1
-            ) AS head_id
+            SELECT {{ group_head_id('l.name COLLATE utf8mb4_bin') | indent(12) }} AS head_id
             FROM JSON_TABLE(v_locked, '$[*]' COLUMNS (name VARCHAR(255) PATH '$')) AS l
         ) AS d
         INNER JOIN {{ table }} AS h ON h.id = d.head_id
         WHERE
-            h.state IN (1, 4, 6, 8)
-            AND h.priority BETWEEN v_min AND v_max
-            AND {{ in_queue('h') }}
-            AND {{ due('h') | indent(12) }}
+            {{ head_claimable('h') | indent(12) }}
             AND IF(
                 JSON_CONTAINS(v_free, JSON_QUOTE(h.serial_group)),
                 TRUE,
@@ -194,7 +186,7 @@ BEGIN
             'bgq_heads_claim',
             'UPDATE ' ~ table ~ ' SET ' ~ claim_write(now='?', pid='?', worker='?') ~ ' WHERE id IN',
             'v_list',
-            ' AND state IN (1, 4, 8)',
+            ' AND ' ~ claimable_not_waiting(),
             '@bgq_now, @bgq_pid, @bgq_worker, @bgq_now',
         ) | indent(8) }}
         -- Their group rows written, not only locked (macros/rules.sql group_touch: on Galera a

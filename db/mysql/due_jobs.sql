@@ -31,7 +31,7 @@ BEGIN
     FROM {{ table }}
     WHERE
         (
-            (p_broker_mode = 0 AND state IN (1, 4, 6, 8))
+            (p_broker_mode = 0 AND {{ claimable() }})
             OR (p_broker_mode <> 0 AND state IN (-1, 8))
         )
         AND {{ in_queue() }}

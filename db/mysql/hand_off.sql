@@ -275,12 +275,9 @@ BEGIN
         -- a busy group make that look slow).
         SELECT
             h.id,
-            h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL AS plain,
+            {{ plain_head('h') }} AS plain,
             (
-                h.state IN (1, 4, 6, 8)
-                AND h.priority BETWEEN v_min AND v_max
-                AND {{ in_queue('h') | indent(16) }}
-                AND {{ due('h') | indent(16) }}
+                {{ head_claimable('h') | indent(16) }}
                 AND IF(v_written <> '[]', TRUE, {{ no_job_running('v_group', 'x') }})
             ) AS claimable
         INTO v_head, v_head_plain, v_head_claimable
@@ -293,7 +290,7 @@ BEGIN
             UPDATE {{ table }}
             SET
                 {{ claim_write() | indent(16) }}
-            WHERE id = v_head AND state IN (1, 4, 8);
+            WHERE id = v_head AND {{ claimable_not_waiting() }};
             SET v_claimed = IF(ROW_COUNT() > 0, JSON_ARRAY(JSON_OBJECT('claimed', v_head)), NULL);
         ELSEIF v_head_claimable = 1 THEN
             CALL {{ table }}_claim_job(

@@ -143,11 +143,11 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     -- The group while the job is claimable (-1, 1, 4, 6, 8), else NULL: one index dive on
     -- (pending_group, priority, id) gives a group's head, however many jobs wait in it.
     pending_group VARCHAR(255) COLLATE utf8mb4_bin
-    GENERATED ALWAYS AS (CASE WHEN state IN (-1, 1, 4, 6, 8) THEN serial_group END) STORED,
+    GENERATED ALWAYS AS (CASE WHEN {{ unstarted() }} THEN serial_group END) STORED,
     -- The priority of an ungrouped job `bgq work` may claim (1, 4, 6, 8), else NULL: its index
     -- gives {{ table }}_claim_batch the ungrouped jobs in (priority, id) order.
     ungrouped_priority INT
-    GENERATED ALWAYS AS (CASE WHEN serial_group IS NULL AND state IN (1, 4, 6, 8) THEN priority END)
+    GENERATED ALWAYS AS (CASE WHEN serial_group IS NULL AND {{ claimable() }} THEN priority END)
     STORED,
     -- The worker (a worker process's id, NULL when none was given) that claimed the job last:
     -- written by every claim, never cleared (migration 0002_worker_id; appended, as every
@@ -157,7 +157,7 @@ CREATE TABLE IF NOT EXISTS {{ table }} (
     -- {{ table }}_claim_batch the first few in (priority, id) order, of which it keeps the
     -- groups' heads (migration 0006_group_scan).
     grouped_priority INT
-    GENERATED ALWAYS AS (CASE WHEN serial_group IS NOT NULL AND state IN (1, 4, 6, 8) THEN priority END)
+    GENERATED ALWAYS AS (CASE WHEN serial_group IS NOT NULL AND {{ claimable() }} THEN priority END)
     STORED,
     PRIMARY KEY (id),
     KEY {{ table }}_running_group (running_group),

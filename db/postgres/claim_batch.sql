@@ -134,7 +134,7 @@ BEGIN
             FROM {{ table }} AS g
             WHERE
                 g.serial_group IS NOT NULL
-                AND g.state IN (1, 4, 6, 8)
+                AND {{ claimable('g') }}
                 AND g.priority BETWEEN v_min AND v_max
             ORDER BY g.priority, g.id
             LIMIT v_scan
@@ -157,7 +157,7 @@ BEGIN
                 SELECT 1 FROM {{ table }} AS g
                 WHERE
                     g.serial_group IS NOT NULL
-                    AND g.state IN (1, 4, 6, 8)
+                    AND {{ claimable('g') }}
                     AND g.priority BETWEEN v_min AND v_max
                 LIMIT v_scan
             ) AS n
@@ -220,7 +220,7 @@ BEGIN
             FROM {{ table }} AS j
             WHERE
                 j.serial_group IS NULL
-                AND j.state IN (1, 4, 6, 8)
+                AND {{ claimable('j') }}
                 AND j.priority BETWEEN v_min AND v_max
                 AND {{ in_queue('j') }}
                 AND {{ due('j') }}
@@ -258,7 +258,7 @@ BEGIN
         WITH taken AS (
             UPDATE {{ table }} AS j
             SET {{ claim_write() | indent(16) }}
-            WHERE j.id = ANY(v_take) AND j.mode <> 'unique' AND (j.state IN (1, 4, 6, 8)) IS TRUE
+            WHERE j.id = ANY(v_take) AND j.mode <> 'unique' AND ({{ claimable('j') }}) IS TRUE
             RETURNING j.id
         )
 

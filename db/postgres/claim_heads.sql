@@ -112,7 +112,7 @@ BEGIN
             LIMIT 1
         ) AS h
         WHERE
-            h.state IN (1, 4, 6, 8)
+            {{ claimable('h') }}
             AND h.priority BETWEEN v_min AND v_max
             AND {{ in_queue('h') }}
             AND {{ due('h') | indent(12) }}
@@ -125,10 +125,10 @@ BEGIN
         FROM heads AS h
         WHERE
             j.id = h.id
-            AND h.state IN (1, 4, 8)
+            AND {{ claimable_not_waiting('h') }}
             AND h.mode = 'normal'
             AND h.coalesce_threshold IS NULL
-            AND (j.state IN (1, 4, 8)) IS TRUE
+            AND ({{ claimable_not_waiting('j') }}) IS TRUE
         RETURNING j.id
     )
 
@@ -136,7 +136,7 @@ BEGIN
         ARRAY(SELECT p.id FROM plain AS p),
         ARRAY(
             SELECT h.id FROM heads AS h
-            WHERE NOT (h.state IN (1, 4, 8) AND h.mode = 'normal' AND h.coalesce_threshold IS NULL)
+            WHERE NOT ({{ plain_head('h') }})
             ORDER BY h.id
         )
     INTO v_claimed, v_long;

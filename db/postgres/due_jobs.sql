@@ -38,7 +38,7 @@ BEGIN
     FROM {{ table }} AS j
     WHERE
         (
-            (p_broker_mode = 0 AND j.state IN (1, 4, 6, 8))
+            (p_broker_mode = 0 AND {{ claimable('j') }})
             OR (p_broker_mode <> 0 AND j.state IN (-1, 8))
         )
         AND {{ in_queue('j') }}

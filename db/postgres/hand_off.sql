@@ -197,7 +197,7 @@ BEGIN
             SET {{ claim_write() | indent(16) }}
             WHERE
                 j.id = {{ group_head_id('v_group') | indent(16) }}
-                AND j.state IN (1, 4, 8)
+                AND {{ claimable_not_waiting('j') }}
                 AND j.mode = 'normal'
                 AND j.coalesce_threshold IS NULL
                 AND j.priority BETWEEN v_min AND v_max

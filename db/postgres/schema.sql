@@ -71,7 +71,7 @@ ON {{ table }} (serial_group) WHERE state = 2;
 -- A group's claimable jobs (-1, 1, 4, 6, 8): one index dive on (serial_group, priority, id)
 -- gives a group's head, however many jobs wait in it.
 CREATE INDEX IF NOT EXISTS {{ table }}_pending_head
-ON {{ table }} (serial_group, priority, id) WHERE state IN (-1, 1, 4, 6, 8);
+ON {{ table }} (serial_group, priority, id) WHERE {{ unstarted() }};
 
 -- A group's WAITING jobs: its waiting head, kept in {{ table }}_group.
 CREATE INDEX IF NOT EXISTS {{ table }}_waiting_head
@@ -79,12 +79,12 @@ ON {{ table }} (serial_group, priority, id) WHERE state = 6;
 
 -- Ungrouped jobs `bgq work` may claim ({{ table }}_claim_batch), in (priority, id) order.
 CREATE INDEX IF NOT EXISTS {{ table }}_ungrouped
-ON {{ table }} (priority, id) WHERE serial_group IS NULL AND state IN (1, 4, 6, 8);
+ON {{ table }} (priority, id) WHERE serial_group IS NULL AND {{ claimable() }};
 
 -- Grouped jobs `bgq work` may claim, in (priority, id) order (migration 0006_group_scan):
 -- {{ table }}_claim_batch reads the first few and keeps those that are their group's head.
 CREATE INDEX IF NOT EXISTS {{ table }}_grouped
-ON {{ table }} (priority, id) WHERE serial_group IS NOT NULL AND state IN (1, 4, 6, 8);
+ON {{ table }} (priority, id) WHERE serial_group IS NOT NULL AND {{ claimable() }};
 
 CREATE INDEX IF NOT EXISTS {{ table }}_state ON {{ table }} (state, id);
 

@@ -98,10 +98,59 @@ WHERE l.v IS NOT NULL
 {{ c }}{{ column }} IN (-1, 1, 4, 6, 8)
 {%- endmacro %}
 
+{#- Claimable: READY (1), TEMPORARILY_FAILED (4), WAITING (6), BROKER_FAILED (8) in `column`
+    (of the row aliased `j`, or a variable holding a state): the states every claim takes a job
+    in (whether it is due is `due`'s question). -#}
+{% macro claimable(j='', column='state') -%}
+{%- set c = j ~ '.' if j else '' -%}
+{{ c }}{{ column }} IN (1, 4, 6, 8)
+{%- endmacro %}
+
+{#- Claimable but not WAITING: READY (1), TEMPORARILY_FAILED (4), BROKER_FAILED (8). A WAITING
+    job is claimed only through {{ table }}_claim_job, which first re-checks its predecessor. -#}
+{% macro claimable_not_waiting(j='', column='state') -%}
+{%- set c = j ~ '.' if j else '' -%}
+{{ c }}{{ column }} IN (1, 4, 8)
+{%- endmacro %}
+
+{#- A group's head `h` that a plain UPDATE of claim_write may claim (under its group lock): not
+    WAITING, NORMAL, without a coalescing threshold. Any other head goes through
+    {{ table }}_claim_job (predecessor, UNIQUE duplicate and coalescing checks). -#}
+{% macro plain_head(h='h') -%}
+{{ claimable_not_waiting(h) }} AND {{ h }}.mode = 'normal' AND {{ h }}.coalesce_threshold IS NULL
+{%- endmacro %}
+
 {#- No job of serial group `group` (an SQL expression) is PROCESSING: the group is free for a
     claim. One probe of the running_group index; `r` is the probe's alias. -#}
 {% macro no_job_running(group, r='r') -%}
 NOT EXISTS (SELECT 1 FROM {{ table }} AS {{ r }} WHERE {{ r }}.running_group = {{ group }})
+{%- endmacro %}
+
+{#- The id of serial group `group`'s head (an SQL expression; a string needs its collation
+    here): its first unstarted job in (priority, id) order, due or not (one index dive on
+    (pending_group, priority, id)); NULL for a group with none. -#}
+{% macro group_head_id(group, x='x') -%}
+(
+    SELECT {{ x }}.id FROM {{ table }} AS {{ x }}
+    WHERE {{ x }}.pending_group = {{ group }}
+    ORDER BY {{ x }}.priority, {{ x }}.id
+    LIMIT 1
+)
+{%- endmacro %}
+
+{#- A group's head `h` (from a dive such as group_head_id's) may be claimed by this call: in a
+    claimable state, of the priority range v_min..v_max, of the queue, due; and, when `group` is
+    given, its group has no PROCESSING job (a caller that knows more about the group, such as
+    that it holds its row or just wrote its PROCESSING job, tests that itself). The procedure has
+    v_min, v_max, p_queue and v_now in scope. -#}
+{% macro head_claimable(h, group=None) -%}
+{{ claimable(h) }}
+AND {{ h }}.priority BETWEEN v_min AND v_max
+AND {{ in_queue(h) }}
+AND {{ due(h) }}
+{%- if group %}
+AND {{ no_job_running(group, 'x') }}
+{%- endif %}
 {%- endmacro %}
 
 {#- {{ table }}_cancel asked the job's current attempt to stop: the request came at or after the

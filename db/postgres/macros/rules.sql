@@ -65,6 +65,28 @@ updated_at = v_now
 {{ c }}{{ column }} IN (-1, 1, 4, 6, 8)
 {%- endmacro %}
 
+{#- Claimable: READY (1), TEMPORARILY_FAILED (4), WAITING (6), BROKER_FAILED (8) in `column`
+    (of the row aliased `j`, or a variable holding a state): the states every claim takes a job
+    in (whether it is due is `due`'s question). -#}
+{% macro claimable(j='', column='state') -%}
+{%- set c = j ~ '.' if j else '' -%}
+{{ c }}{{ column }} IN (1, 4, 6, 8)
+{%- endmacro %}
+
+{#- Claimable but not WAITING: READY (1), TEMPORARILY_FAILED (4), BROKER_FAILED (8). A WAITING
+    job is claimed only through {{ table }}_claim_job, which first re-checks its predecessor. -#}
+{% macro claimable_not_waiting(j='', column='state') -%}
+{%- set c = j ~ '.' if j else '' -%}
+{{ c }}{{ column }} IN (1, 4, 8)
+{%- endmacro %}
+
+{#- A group's head `h` that a plain UPDATE of claim_write may claim (under its group lock): not
+    WAITING, NORMAL, without a coalescing threshold. Any other head goes through
+    {{ table }}_claim_job (predecessor, UNIQUE duplicate and coalescing checks). -#}
+{% macro plain_head(h='h') -%}
+{{ claimable_not_waiting(h) }} AND {{ h }}.mode = 'normal' AND {{ h }}.coalesce_threshold IS NULL
+{%- endmacro %}
+
 {#- No job of serial group `group` (an SQL expression) is PROCESSING: the group is free for a
     claim. One probe of {{ table }}_running_group per group; `r` is the probe's alias. Written as
     a scalar subquery, which the planner always runs per row: a NOT EXISTS may become a hashed
@@ -89,7 +111,7 @@ updated_at = v_now
     claimable state, of the priority range v_min..v_max, of the queue, due, and its group
     (`group`) has no PROCESSING job. The function has v_min, v_max, p_queue and v_now in scope. -#}
 {% macro head_claimable(h, group) -%}
-{{ h }}.state IN (1, 4, 6, 8)
+{{ claimable(h) }}
 AND {{ h }}.priority BETWEEN v_min AND v_max
 AND {{ in_queue(h) }}
 AND {{ due(h) }}

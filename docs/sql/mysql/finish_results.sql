@@ -37,8 +37,12 @@
 --   each group with a written result is woken (background_job_group_wake: a TEMPORARILY_FAILED
 --   head is normally still first in line, so it wakes nobody; a better-priority job that waited
 --   behind it while it ran is promoted). (MySQL has no NOTIFY: its idle workers poll.)
--- Locks: the group rows of the grouped jobs, in serial_group order (upserts), then the job rows
---   (the same order as the claims), then promoted rows.
+-- Locks: the results one group at a time, in serial_group order (the ungrouped jobs' rows
+--   first: NULL sorts first): the group's row (upsert), then its job rows, then the row
+--   background_job_group_wake promotes, then the next group. Within a group that is the claims'
+--   order (group row, then job row). PostgreSQL's twin takes every group row first, then the
+--   job rows; on both, a group's row is locked before its jobs' rows, and groups in
+--   serial_group order.
 -- Fencing: each row is written only WHERE state = 2 AND number_of_attempts = attempt. A worker
 --   whose job was reaped and claimed again elsewhere presents an old token: nothing changes,
 --   and no copy is made, no group woken.

@@ -39,7 +39,8 @@
 --   behind it while it ran is promoted). Released jobs NOTIFY the channel named like the table,
 --   so idle workers look again.
 -- Locks: the group rows of the grouped jobs, in serial_group order (upserts), then the job rows
---   (the same order as the claims), then promoted rows.
+--   (the same order as the claims), then promoted rows. (The MySQL twin goes one group at a
+--   time: its row, its jobs, its promoted row; a group's row comes before its jobs' on both.)
 -- Fencing: each row is written only WHERE state = 2 AND number_of_attempts = attempt. A worker
 --   whose job was reaped and claimed again elsewhere presents an old token: nothing changes,
 --   and no copy is made, no group woken.
