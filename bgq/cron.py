@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from . import retry
 from .errors import BgqError
 from .model import JobState, Message, WorkerMode
 from .parts import Parts
@@ -57,11 +58,10 @@ def _broker_pass(parts: Parts, report: ProcessReport, deadline: float | None) ->
     states) one by one, promote stuck groups' heads and re-send lost messages."""
     cfg, store, send, executor = parts.config, parts.store, parts.sender.send, parts.executor
     procs = store.procs
-    with store.database.transaction() as conn:
-        released = procs.back_to_broker(conn, cfg.queue, PROCESS_LIMIT)
+    db = store.database  # each step in a transaction of its own, run again on a deadlock (retry.py)
+    released = retry.in_transaction(db, lambda conn: procs.back_to_broker(conn, cfg.queue, PROCESS_LIMIT))
     send([Message(j.id, j.queue, j.priority) for j in released])
-    with store.database.transaction() as conn:
-        due = procs.due_jobs(conn, cfg.queue, True, PROCESS_LIMIT)
+    due = retry.in_transaction(db, lambda conn: procs.due_jobs(conn, cfg.queue, True, PROCESS_LIMIT))
     for job in due:
         if executor.should_die:
             break
@@ -75,13 +75,14 @@ def _broker_pass(parts: Parts, report: ProcessReport, deadline: float | None) ->
         except BgqError as exc:
             cfg.logger.critical(f"bgq: Unexpected error occurred. (ID: {job.id})", exc_info=exc)
             report.count("error")
-    with store.database.transaction() as conn:
-        promoted = procs.promote_waiting(conn)
+    promoted = retry.in_transaction(db, procs.promote_waiting)
     send([Message(j.id, j.queue, j.priority) for j in promoted])
     report.promoted = len(promoted)
     if cfg.lost_message_timeout:
-        with store.database.transaction() as conn:
-            lost = procs.lost_messages(conn, cfg.queue, cfg.lost_message_timeout, PROCESS_LIMIT)
+        timeout = cfg.lost_message_timeout
+        lost = retry.in_transaction(
+            db, lambda conn: procs.lost_messages(conn, cfg.queue, timeout, PROCESS_LIMIT)
+        )
         for job in lost:
             cfg.logger.warning(f"bgq: Lost broker message republished (ID: {job.id}).")
         send([Message(j.id, j.queue, j.priority) for j in lost])

@@ -19,9 +19,10 @@ from __future__ import annotations
 import datetime as dt
 import random
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import metrics
+from . import metrics, retry
 from .config import Config
 from .errors import BgqError
 from .model import JobState
@@ -67,8 +68,7 @@ class Reaper:
         for bound, reap, message in passes:
             if not bound:
                 continue
-            with self.store.database.transaction() as conn:
-                jobs = reap(conn, cfg.queue, bound, self.limit, now, backoff_ms=backoff_ms)
+            jobs = self._reap(reap, bound, now, backoff_ms)
             for job in jobs:
                 if job.state == JobState.REDUNDANT:
                     note = "it had been cancelled, so it stays cancelled"
@@ -80,12 +80,23 @@ class Reaper:
         if any(job.state == JobState.REDUNDANT for job in reaped):
             # A cancelled job leaves its group without a hand-off (the procedures do not take the
             # group row after the job rows): promote a WAITING successor (broker mode) now.
-            with self.store.database.transaction() as conn:
-                promoted = self.store.procs.promote_waiting(conn, now)
+            promoted = retry.in_transaction(
+                self.store.database, lambda conn: self.store.procs.promote_waiting(conn, now)
+            )
             for job_ref in promoted:
                 self.sender.send_job(job_ref.id)
         metrics.record_reaped(cfg.queue, len(reaped))
         return reaped
+
+    def _reap(
+        self, reap: Callable[..., list[Reaped]], bound: int, now: dt.datetime | None, backoff_ms: int | None
+    ) -> list[Reaped]:
+        """One pass of `reap` in a transaction of its own, run again on a deadlock (on Galera also
+        a lost certification: another node's claim or result wrote the same row)."""
+        queue, limit = self.config.queue, self.limit
+        return retry.in_transaction(
+            self.store.database, lambda conn: reap(conn, queue, bound, limit, now, backoff_ms=backoff_ms)
+        )
 
     def start(self) -> None:
         """Reap on a daemon thread of its own until stop(); a failed pass is logged and retried

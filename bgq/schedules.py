@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from . import retry
 from .config import Config
 from .errors import ConfigError, PriorityError, SerializationError, UnknownCallbackError
 from .model import JobRef, Message, ScheduleRow
@@ -227,8 +228,9 @@ class Scheduler:
         """Publish the jobs of every due schedule of this queue (its sub-queues too), each fire
         time once across all workers; `now` (UTC) replaces the database's clock (tests)."""
         procs = self.store.procs
-        with self.store.database.transaction() as conn:
-            due = procs.schedules(conn, self.config.queue, True, now)
+        due = retry.in_transaction(
+            self.store.database, lambda conn: procs.schedules(conn, self.config.queue, True, now)
+        )
         published: list[JobRef] = []
         for row in due:
             published.extend(self._fire(row, now))
@@ -242,11 +244,9 @@ class Scheduler:
         assert row.next_fire_at is not None  # a due schedule has one
         times, following = spec.plan(row.next_fire_at, clock)
         out: list[JobRef] = []
-        procs = self.store.procs
         for i, fire_at in enumerate(times):
             nxt = times[i + 1] if i + 1 < len(times) else following
-            with self.store.database.transaction() as conn:
-                job = procs.fire(conn, row.name, fire_at, nxt, now)
+            job = self._fire_once(row.name, fire_at, nxt, now)
             log = self.config.logger
             if job is not None:
                 out.append(job)
@@ -256,9 +256,18 @@ class Scheduler:
                     f"bgq: Schedule {row.name} for {fire_at.isoformat()} was published by another worker."
                 )
         if not times:  # every due fire was missed and skipped: only move on
-            with self.store.database.transaction() as conn:
-                procs.fire(conn, row.name, None, following, now)
+            self._fire_once(row.name, None, following, now)
         return out
+
+    def _fire_once(
+        self, name: str, fire_at: dt.datetime | None, next_at: dt.datetime, now: dt.datetime | None
+    ) -> JobRef | None:
+        """{table}_fire in a transaction of its own, run again on a deadlock: a fire time another
+        worker (or this call's lost commit) took already gives None, so nothing is published twice."""
+        procs = self.store.procs
+        return retry.in_transaction(
+            self.store.database, lambda conn: procs.fire(conn, name, fire_at, next_at, now)
+        )
 
     def rows(self) -> list[ScheduleRow]:
         """Every schedule in the table (all queues), for `bgq schedules`."""

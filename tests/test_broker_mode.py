@@ -363,6 +363,52 @@ def test_checklist_74_a_reaped_job_is_resent_with_its_backoff(broker_queue, rabb
     assert rabbit.bodies(f"{rabbit.base}_1_60000") == [str(job)]  # attempt 1: a 1-minute backoff
 
 
+def test_a_deadlock_in_a_step_of_the_broker_pass_runs_that_step_again(
+    broker_queue, rabbit, installed, monkeypatch
+):
+    """On Galera a lost certification (1213) is an everyday answer: each step of `bgq process`
+    in broker mode (the reaper, the release of BACK_TO_BROKER jobs, the due jobs, the promotion
+    of stuck groups' heads, the lost-message pass) runs again after one, instead of ending the
+    pass and leaving the safety nets undone until the next cron run."""
+    from bgq import DeadlockError
+
+    queue = broker_queue(stalled_job_timeout=60, lost_message_timeout=3600)
+    stalled, back, lost = (queue.publish("noop") for _ in range(3))
+    set_row(
+        installed,
+        stalled,
+        state=2,
+        number_of_attempts=1,
+        updated_at=_ago(hours=2),
+        last_attempt_at=_ago(hours=2),
+    )
+    set_row(installed, back, state=-1)
+    set_row(installed, lost, updated_at=_ago(hours=2), created_at=_ago(hours=2))
+    blocker = queue.publish("noop", serial_group="gA")
+    set_row(installed, blocker, state=2)
+    head = queue.publish("noop", serial_group="gA")
+    assert queue.process_job(head) == "waiting"
+    set_row(installed, blocker, state=3)
+    steps = ("reap", "back_to_broker", "due_jobs", "promote_waiting", "lost_messages")
+    failed: list[str] = []
+    for name in steps:
+        real = getattr(queue.procs, name)
+
+        def once(*args, _real=real, _name=name, **kwargs):
+            if _name not in failed:
+                failed.append(_name)
+                raise DeadlockError("Deadlock found when trying to get lock")
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(queue.procs, name, once)
+    rabbit.purge()
+    report = queue.process()
+    assert failed == list(steps)
+    assert (report.reaped, report.promoted, report.republished) == (1, 1, 1)
+    assert state_of(installed, back) == JobState.READY
+    assert sorted(rabbit.bodies(f"{rabbit.base}_1")) == sorted([str(back), str(head), str(lost)])
+
+
 def test_checklist_56_a_locked_group_is_left_unchanged_and_the_id_resent(broker_queue, rabbit, installed):
     """The group lock stays held by another claim for longer than 3 s: process_job returns
     'locked' without raising, changes nothing and sends the id again (broker mode)."""

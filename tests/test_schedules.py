@@ -188,6 +188,31 @@ def test_a_fire_time_is_published_once_however_often_it_is_fired(make_queue, ins
     assert row.next_fire_at == t + dt.timedelta(minutes=1)
 
 
+def test_a_deadlock_while_firing_fires_again_and_publishes_once(
+    make_queue, installed, clean_schedules, monkeypatch
+):
+    """A deadlock (on Galera a lost certification) in reading the due schedules or in firing one
+    runs that step again: the fire time is published once, and the pass is not lost to it."""
+    queue = make_queue()
+    queue.schedule("s", "* * * * *", "noop")
+    t = dt.datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    queue.scheduler.sync(t - dt.timedelta(seconds=30))
+    failed: list[str] = []
+    for name in ("schedules", "fire"):
+        real = getattr(queue.procs, name)
+
+        def once(*args, _real=real, _name=name, **kwargs):
+            if _name not in failed:
+                failed.append(_name)
+                raise bgq.DeadlockError("Deadlock found when trying to get lock")
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(queue.procs, name, once)
+    (job,) = queue.scheduler.fire_due(t + dt.timedelta(seconds=1))
+    assert failed == ["schedules", "fire"]
+    assert [j["id"] for j in _jobs(installed, "noop")] == [job.id]
+
+
 def test_schedules_are_stored_at_worker_start_and_removed_ones_deactivated(
     make_queue, installed, clean_schedules
 ):
