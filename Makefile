@@ -36,6 +36,7 @@ web: $(STAMP)
 TEST_WORKERS ?= 3
 test: $(STAMP)
 	sh tools/install-chromium.sh
+	$(BIN)/python -m tools.scale --packages-only
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -48,7 +48,7 @@ from tools.chaos import report as chaos_report  # noqa: E402
 from tools.chaos import run as chaos  # noqa: E402
 from tools.chaos.report import RunResult  # noqa: E402
 from tools.scale import report  # noqa: E402
-from tools.scale.topology import Topology  # noqa: E402
+from tools.scale.topology import Topology, ensure_packages  # noqa: E402
 
 #: --topology name -> the module of tools/scale/ that defines it (the class whose `name` it is).
 TOPOLOGIES = {
@@ -129,12 +129,16 @@ class TopologyResult:
         return self.through.rate / self.direct.rate
 
 
-def load(name: str, workdir: Path) -> Topology:
+def topology_class(name: str) -> type[Topology]:
     module = importlib.import_module(f"tools.scale.{TOPOLOGIES[name]}")
     for value in vars(module).values():
         if isinstance(value, type) and issubclass(value, Topology) and getattr(value, "name", None) == name:
-            return value(workdir)
+            return value
     raise SystemExit(f"scale: tools/scale/{TOPOLOGIES[name]}.py defines no topology named {name!r}")
+
+
+def load(name: str, workdir: Path) -> Topology:
+    return topology_class(name)(workdir)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -150,6 +154,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", help="write docs to this Markdown file")
     p.add_argument("--keep", action="store_true", help="keep every run's ledger and logs")
+    p.add_argument(
+        "--packages-only",
+        action="store_true",
+        help="only apt-get install the topologies' Debian packages that are missing (make test)",
+    )
     args = p.parse_args(argv)
     args.explicit = {k for k, v in vars(args).items() if v is not None}
     for key, value in PRESETS[args.preset].items():
@@ -214,6 +223,10 @@ def run_topology(args: argparse.Namespace, name: str, n: int) -> TopologyResult:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.packages_only:  # the suite's cluster tests start these servers themselves
+        for name in args.names:
+            ensure_packages(topology_class(name).packages)
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     command = " ".join(
         shlex.quote(a) for a in [".venv/bin/python", "-m", "tools.scale", *(argv or sys.argv[1:])]
