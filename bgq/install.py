@@ -63,6 +63,14 @@ class SqlFiles:
         return cls(schema, routines, migrations, digest.hexdigest()[:16])
 
 
+#: How long a claim waits for a group row that another transaction holds (a concurrent first claim
+#: of the group) before it answers 'locked': rendered into the procedures as `group_lock_wait_s`
+#: (PostgreSQL's lock_timeout of claim_job and claim_heads, MySQL's innodb_lock_wait_timeout for
+#: that one statement, whose unit is whole seconds), so it is written once for both dialects and
+#: the tests that wait it out read it from here.
+GROUP_LOCK_WAIT_S = 3
+
+
 def render(text: str, table: str, dialect: str) -> str:
     """A SQL file as it is installed: rendered by Jinja with `table` and the dialect's shared
     rules (db/<dialect>/macros/rules.sql), so a rule such as "due" is written once per dialect."""
@@ -79,10 +87,11 @@ def _environment(dialect: str) -> jinja2.Environment:
 @functools.cache
 def _rules(dialect: str, table: str) -> dict[str, object]:
     """The shared rules' macros for `table` (a rule may name the table's other tables, as
-    not_paused names {table}_pause)."""
+    not_paused names {table}_pause), and the constants the procedures share."""
     env = _environment(dialect)
     rules = env.from_string((sql_dir(dialect) / _RULES).read_text()).make_module({"table": table})
-    return {name: macro for name, macro in vars(rules).items() if not name.startswith("_")}
+    found: dict[str, object] = {k: v for k, v in vars(rules).items() if not k.startswith("_")}
+    return found | {"group_lock_wait_s": GROUP_LOCK_WAIT_S}
 
 
 #: The table the checked-in rendering (docs/sql/<dialect>/) is made for: the default table_name.

@@ -24,7 +24,7 @@ from bgq.reaper import REAP_INTERVAL
 from tests.conftest import AMQP_URL
 from tests.support import ledger_worker
 from tests.support.clock import Clock, FakeTime
-from tests.support.helpers import state_of, wait_until
+from tests.support.helpers import state_of, wait_state_left, wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)
 from tests.test_work_concurrency import _check_groups, _publish, _unfinished
 
@@ -46,13 +46,8 @@ def _reap_delay(installed, job_id: int) -> float:
     return (row["updated_at"] - row["last_attempt_at"]) / dt.timedelta(seconds=1)
 
 
-def _wait_reaped(installed, job_id: int, what: str) -> None:
-    wait_until(
-        lambda: state_of(installed, job_id) != JobState.PROCESSING,
-        f"the killed {what}'s job to be reaped without cron",
-        STALLED + REAP_SLACK + 10,
-        step=0.1,
-    )
+#: How long a killed worker's job may take to come back (reaped without cron).
+REAPED_WITHIN = STALLED + REAP_SLACK + 10
 
 
 def test_bgq_work_alone_reaps_a_killed_worker_s_job_and_its_group_goes_on(make_queue, installed, cli):  # noqa: F811
@@ -71,7 +66,7 @@ def test_bgq_work_alone_reaps_a_killed_worker_s_job_and_its_group_goes_on(make_q
     (survivor,) = set(procs) - {victim}
     slow_id = jobs["slow"]["id"]
 
-    _wait_reaped(installed, slow_id, "bgq work")
+    wait_state_left(installed, slow_id, JobState.PROCESSING, "the bgq work job reaped", REAPED_WITHIN)
     delay = _reap_delay(installed, slow_id)
     print(f"\n{installed.db.dialect.name}: bgq work reaped the job {delay:.2f} s after its claim")
     assert delay <= STALLED + REAP_SLACK, f"reaped {delay:.1f} s after its claim"
@@ -124,7 +119,7 @@ def test_bgq_consume_alone_reaps_a_killed_consumer_s_job_and_its_group_goes_on(
         procs[victim].kill()
         procs[victim].join(10)
 
-        _wait_reaped(installed, slow_id, "bgq consume")
+        wait_state_left(installed, slow_id, JobState.PROCESSING, "the consumed job reaped", REAPED_WITHIN)
         delay = _reap_delay(installed, slow_id)
         print(f"\n{installed.db.dialect.name}: bgq consume reaped the job {delay:.2f} s after its claim")
         assert delay <= STALLED + REAP_SLACK, f"reaped {delay:.1f} s after its claim"

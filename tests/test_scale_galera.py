@@ -532,7 +532,15 @@ def test_a_result_written_on_another_node_right_after_the_claim_is_never_dropped
         p1, p2 = Procs(one, table), Procs(two, table)
         from bgq.model import NewJob
 
-        time.sleep(1)  # the install applied on every node
+        routines = "SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE()"
+        with one.transaction() as conn:
+            installed = conn.exec_driver_sql(routines).scalar_one()
+
+        def applied_on_two() -> bool:
+            with two.transaction() as conn:
+                return bool(conn.exec_driver_sql(routines).scalar_one() == installed)
+
+        wait_until(applied_on_two, "the install applied on node 2", 30)
         dropped = []
         for n in range(200):
             with one.transaction() as conn:

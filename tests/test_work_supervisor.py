@@ -41,13 +41,6 @@ def group_is_empty(pgid: int) -> bool:
     return False
 
 
-def wait_exit(runner: Cli, proc: subprocess.Popen[bytes], timeout: float) -> int:
-    try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"bgq work -c did not exit within {timeout} s:\n{runner.output(proc)}") from None
-
-
 def start_supervisor(runner: Cli, count: int = 2) -> tuple[subprocess.Popen[bytes], set[int]]:
     proc = runner.start("work", "-c", str(count), "--poll", "0.1")
 
@@ -70,7 +63,7 @@ def test_sigterm_during_the_restart_pause_stops_everything_at_once(cli):  # noqa
     wait_until(lambda: not Path(f"/proc/{victim}").exists(), "the killed worker to be reaped", 10, 0.002)
     proc.send_signal(signal.SIGTERM)
     started = time.monotonic()
-    code = wait_exit(runner, proc, 15)
+    code = runner.wait_exit(proc, 15)
     took = time.monotonic() - started
     assert code == 0, runner.output(proc)
     wait_until(lambda: group_is_empty(proc.pid), "every worker process to be gone", 10)
@@ -124,7 +117,7 @@ def test_workers_that_crash_at_start_make_the_supervisor_give_up(cli, dialect): 
     crash loop is the same on both dialects, so one shows it (its backoff takes ~8 s)."""
     runner = cli()
     proc = runner.start("work", "-c", "2", app="crashing_queue")
-    code = wait_exit(runner, proc, 90)
+    code = runner.wait_exit(proc, 90)
     output = runner.output(proc)
     assert code == 1, output
     lines = output.strip().splitlines()
@@ -146,7 +139,7 @@ def test_a_queue_with_a_broker_is_refused_before_any_worker_starts(cli, dialect,
     runner = cli()
     runner.env["BGQ_TEST_WORK_BROKER"] = "1"
     proc = runner.start("work", "-c", "3")
-    code = wait_exit(runner, proc, 60)
+    code = runner.wait_exit(proc, 60)
     assert code == 1
     assert runner.output(proc).splitlines() == [
         "bgq: bgq work runs on the database alone; this queue has a broker: use `bgq consume`."

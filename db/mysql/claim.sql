@@ -13,7 +13,7 @@
 --   outcome         'claimed'    the job is PROCESSING and belongs to the caller;
 --                   'waiting'    a predecessor exists: the job is WAITING (conditional write);
 --                   'redundant'  UNIQUE job with an older row of its identifier: REDUNDANT;
---                   'locked'     the group row stayed locked for 3 s: nothing changed;
+--                   'locked'     the group row stayed locked for {{ group_lock_wait_s }} s: nothing changed;
 --                   'paused'     its queue or group is paused ({{ table }}_pause): nothing changed;
 --                   'missing'    no such job in this queue;
 --                   'skipped'    FINISHED or REDUNDANT already (an expected duplicate);
@@ -32,7 +32,7 @@
 --   last_attempt_at, pid, metadata, worker_id; postponed_by and error_message cleared) and, with a
 --   coalesce_threshold, swallows the unstarted jobs of its group whose threshold is >= its own
 --   (REDUNDANT). {{ table }}_group_wake then refreshes the group row.
--- Locks: the group row (waits at most 3 s: innodb_lock_wait_timeout is set to 3 for that one
+-- Locks: the group row (waits at most {{ group_lock_wait_s }} s: innodb_lock_wait_timeout is set to {{ group_lock_wait_s }} for that one
 --   statement and restored at once, also on error), then the job row (FOR UPDATE). Reads after
 --   the lock are locking reads, so REPEATABLE READ sees the latest committed rows.
 -- Fencing: every write is conditional on a claimable state; a job claimed elsewhere first is

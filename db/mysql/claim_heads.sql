@@ -29,8 +29,8 @@
 --   cleared; being the head of a group without a PROCESSING job is what its predecessor check
 --   asks); any other head through {{ table }}_claim_job, which re-checks it under the group
 --   lock (predecessor, UNIQUE duplicate, coalescing). Only 'claimed' heads are returned.
--- Locks: the new group rows (an INSERT that waits at most 3 s for a concurrent first claim of the
---   same group; past that, the call goes on without those groups: innodb_lock_wait_timeout is 3
+-- Locks: the new group rows (an INSERT that waits at most {{ group_lock_wait_s }} s for a concurrent first claim of the
+--   same group; past that, the call goes on without those groups: innodb_lock_wait_timeout is {{ group_lock_wait_s }}
 --   for that INSERT only, restored at once, also on error), then the group rows FOR
 --   UPDATE SKIP LOCKED, in serial_group order (those this transaction holds already are taken
 --   as well): a group row another transaction holds is not waited for, and that group's head is
@@ -106,7 +106,7 @@ BEGIN
             new_rows: BEGIN
                 -- A concurrent first claim holds one of them: those groups wait for a later call.
                 DECLARE EXIT HANDLER FOR 1205 BEGIN END;
-                SET SESSION innodb_lock_wait_timeout = 3;
+                SET SESSION innodb_lock_wait_timeout = {{ group_lock_wait_s }};
                 INSERT IGNORE INTO {{ table }}_group (serial_group, updated_at)
                 SELECT DISTINCT
                     n.name,

@@ -10,7 +10,7 @@
 --   o_outcome, o_attempt, o_state, o_predecessor_id, o_promoted_id: outcome, attempt, state,
 --   predecessor_id and promoted_id as documented in {{ table }}_claim.
 -- Steps, Locks, Fencing, Errors, Idempotent: as documented in {{ table }}_claim
---   (innodb_lock_wait_timeout is 3 for the group row's upsert only and restored at once, also
+--   (innodb_lock_wait_timeout is {{ group_lock_wait_s }} for the group row's upsert only and restored at once, also
 --   on error).
 -- Group row (every claim of a group's job writes it, the rule of every claiming procedure): the
 --   upsert of the group row always changes it (macros/rules.sql group_touch: updated_at moves
@@ -74,7 +74,7 @@ BEGIN
             group_lock: BEGIN
                 -- Only this statement turns a lock-wait timeout into 'locked'; nothing is written yet.
                 DECLARE EXIT HANDLER FOR 1205 SET o_outcome = 'locked';
-                SET SESSION innodb_lock_wait_timeout = 3;
+                SET SESSION innodb_lock_wait_timeout = {{ group_lock_wait_s }};
                 INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (v_group, v_now)
                 ON DUPLICATE KEY UPDATE {{ group_touch() }};
             END group_lock;

@@ -178,21 +178,11 @@ BEGIN
             WHERE id = v_id AND state = 2 AND number_of_attempts = v_attempt AND {{ abort_requested() }}
             FOR UPDATE;
         END IF;
-        -- MySQL assigns left to right: error_message reads the row before state changes.
+        -- The one result writer (result_write; MySQL assigns left to right: error_message reads
+        -- the row before state changes).
         UPDATE {{ table }}
         SET
-            number_of_attempts = IF(
-                v_state = 1 AND v_cancelled = 0, number_of_attempts - 1, number_of_attempts
-            ),
-            execution_time = IF(v_state = 1, execution_time, v_execution_time),
-            memory = IF(v_state = 1, memory, v_memory),
-            pid = IF(v_state = 1 AND v_cancelled = 0, NULL, pid),
-            metadata = IF(v_state = 1, NULL, metadata),
-            finished_at = IF(v_state IN (3, 7) OR v_cancelled = 1, v_now, finished_at),
-            error_message = IF(v_cancelled = 1, error_message, v_error),
-            postponed_by = IF(v_cancelled = 1, NULL, v_postponed_by),
-            updated_at = v_now,
-            state = IF(v_cancelled = 1, 7, v_state)
+            {{ result_write() | indent(12) }}
         WHERE id = v_id AND state = 2 AND number_of_attempts = v_attempt;
         IF ROW_COUNT() > 0 THEN
             SET v_clone = NULL;

@@ -27,8 +27,8 @@
 --   when it is READY, TEMPORARILY_FAILED, WAITING or BROKER_FAILED, due (as in
 --   {{ table }}_due_jobs without a broker), of the queue and priority range, while no job of
 --   the group is PROCESSING. Nothing else: order inside a group never bends.
--- Steps: the results are written as {{ table }}_finish_results writes them, then the heads are
---   claimed. Three ways, with the same effects:
+-- Steps: the results are written by {{ table }}_finish_results' writer (result_write in
+--   macros/rules.sql), then the heads are claimed. Three ways, with the same effects:
 --   - the short way, a lone group's chain: one FINISHED result without a copy, of a NORMAL or
 --     UNIQUE job of the one group of p_groups: the group row locked (upsert), the job written
 --     (fenced), the group woken if it has a WAITING job or a recorded waiting head
@@ -51,7 +51,7 @@
 --   for its group row), then the job rows, then the group rows of p_groups FOR UPDATE SKIP
 --   LOCKED (held already for a group whose job p_results finished): a group row another
 --   transaction holds is not waited for, and that group's head is left alone. Only a group that
---   has no row yet gets it from {{ table }}_claim_job, which waits at most 3 s for a concurrent
+--   has no row yet gets it from {{ table }}_claim_job, which waits at most {{ group_lock_wait_s }} s for a concurrent
 --   first claim.
 -- Fencing: each result is written only WHERE state = 2 AND number_of_attempts = attempt; each
 --   claim is conditional on a claimable state.
@@ -167,16 +167,10 @@ BEGIN
         SET v_short = 1;
         INSERT INTO {{ table }}_group (serial_group, updated_at) VALUES (v_group, v_now)
         ON DUPLICATE KEY UPDATE {{ group_touch() }};
-        -- As {{ table }}_finish_results writes a FINISHED result (a JSON null memory: NULL).
+        -- By the one result writer (a JSON null memory: NULL).
         UPDATE {{ table }}
         SET
-            execution_time = v_execution_time,
-            memory = NULLIF(v_memory, 'null'),
-            finished_at = v_now,
-            error_message = v_error,
-            postponed_by = v_postponed_by,
-            updated_at = v_now,
-            state = 3
+            {{ result_write(memory="NULLIF(v_memory, 'null')", finished=True) | indent(12) }}
         WHERE id = v_id AND state = 2 AND number_of_attempts = v_result_attempt;
         SET v_written = IF(ROW_COUNT() > 0, JSON_ARRAY(JSON_OBJECT('id', v_id)), JSON_ARRAY());
     END IF;
@@ -210,9 +204,8 @@ BEGIN
             ORDER BY n.name
             ON DUPLICATE KEY UPDATE {{ group_touch() }};
             -- The jobs to write, locked: still PROCESSING under the results' claims; then the
-            -- results written as {{ table }}_finish_results writes a FINISHED one (a JSON null
-            -- memory: NULL). Both statements reach the jobs by their primary key (see
-            -- run_listed).
+            -- results written by the one result writer (a JSON null memory: NULL). Both
+            -- statements reach the jobs by their primary key (see run_listed).
             SELECT GROUP_CONCAT(r.id) INTO v_list
             FROM JSON_TABLE(p_results, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.id')) AS r;
             SET @bgq_results = p_results, @bgq_now = v_now;
@@ -234,10 +227,13 @@ BEGIN
                 ~ 'id BIGINT UNSIGNED PATH \'$.id\', attempt INT PATH \'$.attempt\','
                 ~ ' error LONGTEXT PATH \'$.error\', postponed_by INT PATH \'$.postponed_by\','
                 ~ ' execution_time INT PATH \'$.execution_time\', memory JSON PATH \'$.memory\''
-                ~ ')) AS r ON r.id = j.id SET j.execution_time = r.execution_time,'
-                ~ ' j.memory = NULLIF(r.memory, \'null\'), j.finished_at = ?,'
-                ~ ' j.error_message = r.error, j.postponed_by = r.postponed_by, j.updated_at = ?,'
-                ~ ' j.state = 3 WHERE j.id IN',
+                ~ ')) AS r ON r.id = j.id SET '
+                ~ result_write(
+                    'j', error='r.error', postponed_by='r.postponed_by',
+                    execution_time='r.execution_time', memory="NULLIF(r.memory, 'null')", now='?',
+                    finished=True,
+                ) | replace('\n', ' ')
+                ~ ' WHERE j.id IN',
                 'v_list',
                 ' AND j.state = 2 AND j.number_of_attempts = r.attempt',
                 '@bgq_results, @bgq_now, @bgq_now',

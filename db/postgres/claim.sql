@@ -14,7 +14,7 @@
 --   outcome         'claimed'    the job is PROCESSING and belongs to the caller;
 --                   'waiting'    a predecessor exists: the job is WAITING (conditional write);
 --                   'redundant'  UNIQUE job with an older row of its identifier: REDUNDANT;
---                   'locked'     the group row stayed locked for 3 s: nothing changed;
+--                   'locked'     the group row stayed locked for {{ group_lock_wait_s }} s: nothing changed;
 --                   'paused'     its queue or group is paused ({{ table }}_pause): nothing changed;
 --                   'missing'    no such job in this queue;
 --                   'skipped'    FINISHED or REDUNDANT already (an expected duplicate);
@@ -33,11 +33,11 @@
 --   last_attempt_at, pid, metadata, worker_id; postponed_by and error_message cleared) and, with a
 --   coalesce_threshold, swallows the unstarted jobs of its group whose threshold is >= its own
 --   (REDUNDANT). {{ table }}_group_wake then refreshes the group row.
--- Locks: the group row (waits at most 3 s: {{ table }}_claim_job is declared SET lock_timeout =
---   '3s', which PostgreSQL restores when the function returns, also on error;
+-- Locks: the group row (waits at most {{ group_lock_wait_s }} s: {{ table }}_claim_job is declared SET lock_timeout =
+--   '{{ group_lock_wait_s }}s', which PostgreSQL restores when the function returns, also on error;
 --   lock_not_available, SQLSTATE 55P03, on that one statement is caught in a subtransaction and
 --   becomes 'locked'), then the job row (FOR UPDATE). The other reads are plain reads: at READ
---   COMMITTED each statement sees the latest committed rows. The 3 s bound covers every lock
+--   COMMITTED each statement sees the latest committed rows. The {{ group_lock_wait_s }} s bound covers every lock
 --   wait inside the function: a longer wait elsewhere (the job row of an ungrouped job that
 --   another transaction holds) raises SQLSTATE 55P03, which the caller may retry.
 -- Fencing: every write is conditional on a claimable state; a job claimed elsewhere first is

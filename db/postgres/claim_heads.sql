@@ -29,7 +29,7 @@
 --   cleared; being the head of a group without a PROCESSING job is what its predecessor check
 --   asks); any other head through {{ table }}_claim_job, which re-checks it under the group
 --   lock (predecessor, UNIQUE duplicate, coalescing). Only 'claimed' heads are returned.
--- Locks: the new group rows (an INSERT that waits at most 3 s for a concurrent first claim of the
+-- Locks: the new group rows (an INSERT that waits at most {{ group_lock_wait_s }} s for a concurrent first claim of the
 --   same group; past that, the call goes on without those groups), then the group rows FOR
 --   UPDATE SKIP LOCKED, in serial_group order (those this transaction holds already are taken
 --   as well): a group row another transaction holds is not waited for, and that group's head is
@@ -64,7 +64,7 @@ VOLATILE
 -- vacuum).
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
-SET lock_timeout = '3s'
+SET lock_timeout = '{{ group_lock_wait_s }}s'
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -10,7 +10,7 @@
 --   o_outcome, o_attempt, o_state, o_predecessor_id, o_promoted_id: outcome, attempt, state,
 --   predecessor_id and promoted_id as documented in {{ table }}_claim.
 -- Steps, Locks, Fencing, Errors, Idempotent: as documented in {{ table }}_claim (the group row
---   waits at most 3 s: this function is declared SET lock_timeout = '3s', which PostgreSQL
+--   waits at most {{ group_lock_wait_s }} s: this function is declared SET lock_timeout = '{{ group_lock_wait_s }}s', which PostgreSQL
 --   restores when it returns, also on error).
 -- Group row: every claim of a group's job writes the group's row (the MySQL twin's rule, for
 --   Galera, where a row lock holds on one node only); here the row is locked or upserted as
@@ -33,7 +33,7 @@ CREATE OR REPLACE FUNCTION {{ table }}_claim_job(
 )
 LANGUAGE plpgsql
 VOLATILE
-SET lock_timeout = '3s'
+SET lock_timeout = '{{ group_lock_wait_s }}s'
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -118,20 +118,7 @@ BEGIN
 {% set cancelled_give_back %}(r.state = 1 AND {{ abort_requested('j') }}){% endset %}
     WITH written AS (
         UPDATE {{ table }} AS j
-        SET state = CASE WHEN {{ cancelled_give_back }} THEN 7 ELSE r.state END,
-            number_of_attempts = CASE
-                WHEN r.state = 1 AND NOT COALESCE({{ cancelled_give_back }}, FALSE)
-                    THEN j.number_of_attempts - 1
-                ELSE j.number_of_attempts
-            END,
-            error_message = CASE WHEN {{ cancelled_give_back }} THEN j.error_message ELSE r.error END,
-            postponed_by = CASE WHEN {{ cancelled_give_back }} THEN NULL ELSE r.postponed_by END,
-            execution_time = CASE WHEN r.state = 1 THEN j.execution_time ELSE r.execution_time END,
-            memory = CASE WHEN r.state = 1 THEN j.memory ELSE r.memory END,
-            pid = CASE WHEN r.state = 1 AND NOT COALESCE({{ cancelled_give_back }}, FALSE) THEN NULL ELSE j.pid END,
-            metadata = CASE WHEN r.state = 1 THEN NULL ELSE j.metadata END,
-            finished_at = CASE WHEN r.state IN (3, 7) OR {{ cancelled_give_back }} THEN v_now ELSE j.finished_at END,
-            updated_at = v_now
+        SET {{ result_write(cancelled_give_back) | indent(12) }}
         FROM JSON_TO_RECORDSET(p_results::JSON) AS r (
             id BIGINT,
             attempt INTEGER,

@@ -10,6 +10,7 @@ import time
 import pytest
 
 import bgq
+from bgq.install import GROUP_LOCK_WAIT_S
 from tests.support.helpers import (
     PID,
     QUEUE,
@@ -472,7 +473,7 @@ def test_a_head_claimed_by_an_open_batch_is_not_claimed_again_by_a_second_batch(
     with background() as run, held_transaction(installed) as conn_a:
         assert ids(claim_batch(installed, 10, conn=conn_a)) == [g1, h1]
         second_future = run(claim_batch, installed, 10, pid=7)
-        wait_for_lock_wait(installed)  # the second claim waits for group g's row (at most 3 s)
+        wait_for_lock_wait(installed)  # the second claim waits for group g's row (at most GROUP_LOCK_WAIT_S)
         conn_a.commit()
         second = second_future.result(timeout=60)
     assert second == []
@@ -529,7 +530,7 @@ def test_a_head_whose_group_row_another_transaction_holds_is_skipped_at_once(ins
         conn_a.rollback()
 
     assert ids(result) == [loner]
-    assert elapsed < 1.5  # a wait for the group row would take the 3 s lock timeout
+    assert elapsed < GROUP_LOCK_WAIT_S / 2  # a wait for the group row would take the lock wait
     assert states(installed, head, loner) == [1, 2]
     assert row(installed, loner)["pid"] == 7
     assert setting_after == setting_before

@@ -1,7 +1,7 @@
 """Each shared SQL rule is spelled once per dialect, in db/<dialect>/macros/rules.sql.
 
 A routine that wrote a rule out by hand (the unstarted and the claimable states, the queue
-filter, the postponement, the pause check, the claim's write, "no job of the group is
+filter, the postponement, the pause check, the claim's write, a result's write, "no job of the group is
 PROCESSING", the group's head, "the current attempt was cancelled") could drift from the others;
 these are the rules' own spellings, which only the macros may contain. The schema's index
 predicates and generated columns use the same macros (PostgreSQL's planner matches a partial
@@ -28,6 +28,8 @@ RULES = {
     "postponement_over": re.compile(re.escape("CEIL(COALESCE(")),
     "not_paused": re.compile(re.escape("pz.kind = 'group'")),
     "claim_write": re.compile(re.escape("number_of_attempts + 1")),
+    # A result's write (finish_results, and hand_off's fast ways: the same writer).
+    "result_write": re.compile(r"\bexecution_time = "),
     "abort_requested": re.compile(r"abort_requested_at >= "),
     "no_job_running": re.compile(
         r"NOT EXISTS \(\s*SELECT 1 FROM \{\{ table \}\}(?: AS (\w+))?\s+WHERE (?:\w+\.)?"
@@ -79,7 +81,7 @@ def test_the_rules_file_itself_holds_each_rule(dialect):
     names = set(re.findall(r"\{% macro (\w+)\(", rules))
     literal = {
         "unstarted", "claimable", "claimable_not_waiting", "in_queue", "postponement_over",
-        "not_paused", "claim_write", "abort_requested",
+        "not_paused", "claim_write", "abort_requested", "result_write",
     }  # fmt: skip
     assert literal <= names
     for rule in literal:

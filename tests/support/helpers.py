@@ -404,6 +404,12 @@ def fail_first_follow_up(queue: Any, monkeypatch: Any) -> list[int]:
     return calls
 
 
+def wait_state_left(installed: Any, job_id: int, state: int, what: str, timeout: float) -> None:
+    """Poll until the job's row is no longer in `state` (AssertionError naming `what` after
+    `timeout` seconds)."""
+    wait_until(lambda: state_of(installed, job_id) != state, what, timeout, step=0.1)
+
+
 def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 10.0, step: float = 0.02) -> Any:
     """Poll `predicate` until it returns something true, and return that; AssertionError naming
     `what` after `timeout` seconds. The one wait-until helper of the suite: a test that waits for

@@ -182,6 +182,14 @@ class Cli:
             step=0.1,
         )
 
+    def wait_exit(self, proc: subprocess.Popen[bytes], timeout: float) -> int:
+        """Wait for `proc` to exit by itself: its exit code; AssertionError with its output after
+        `timeout` seconds."""
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{proc.args} runs after {timeout} s:\n{self.output(proc)}") from None
+
     def terminate(self, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> tuple[int, float]:
         """SIGTERM, then wait: (exit code, seconds it took)."""
         started = time.monotonic()

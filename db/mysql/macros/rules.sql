@@ -60,6 +60,44 @@ NOT EXISTS (
 {{ c }}updated_at = {{ now }}
 {%- endmacro %}
 
+{#- The one result writer: the columns a result writes to its job (of the row aliased `j`, or
+    unqualified), which is still PROCESSING under the result's claim. The result's fields are SQL
+    expressions (by default {{ table }}_finish_results' variables; `memory` already SQL NULL for
+    a JSON null). A give-back (state 1) undoes the claim; one whose attempt was cancelled while
+    it was held (`cancelled` = 1) is written REDUNDANT instead. MySQL assigns left to right:
+    error_message reads the row before state changes. `finished`: the caller knows every result
+    is FINISHED ({{ table }}_hand_off's fast ways), and the same rules are written without the
+    branches that cannot apply. -#}
+{% macro result_write(
+    j='', state='v_state', error='v_error', postponed_by='v_postponed_by',
+    execution_time='v_execution_time', memory='v_memory', cancelled='v_cancelled', now='v_now',
+    finished=False
+) -%}
+{%- set c = j ~ '.' if j else '' -%}
+{%- if finished -%}
+{{ c }}execution_time = {{ execution_time }},
+{{ c }}memory = {{ memory }},
+{{ c }}finished_at = {{ now }},
+{{ c }}error_message = {{ error }},
+{{ c }}postponed_by = {{ postponed_by }},
+{{ c }}updated_at = {{ now }},
+{{ c }}state = 3
+{%- else -%}
+{{ c }}number_of_attempts = IF(
+    {{ state }} = 1 AND {{ cancelled }} = 0, {{ c }}number_of_attempts - 1, {{ c }}number_of_attempts
+),
+{{ c }}execution_time = IF({{ state }} = 1, {{ c }}execution_time, {{ execution_time }}),
+{{ c }}memory = IF({{ state }} = 1, {{ c }}memory, {{ memory }}),
+{{ c }}pid = IF({{ state }} = 1 AND {{ cancelled }} = 0, NULL, {{ c }}pid),
+{{ c }}metadata = IF({{ state }} = 1, NULL, {{ c }}metadata),
+{{ c }}finished_at = IF({{ state }} IN (3, 7) OR {{ cancelled }} = 1, {{ now }}, {{ c }}finished_at),
+{{ c }}error_message = IF({{ cancelled }} = 1, {{ c }}error_message, {{ error }}),
+{{ c }}postponed_by = IF({{ cancelled }} = 1, NULL, {{ postponed_by }}),
+{{ c }}updated_at = {{ now }},
+{{ c }}state = IF({{ cancelled }} = 1, 7, {{ state }})
+{%- endif -%}
+{%- endmacro %}
+
 {#- A statement on rows listed by key, run with PREPARE: `list` (an SQL expression: the ids, or
     group names written as literals by `listed`) is written into it, so the statement can only
     reach those rows by their primary key. A join with a JSON list may be planned as a scan of the

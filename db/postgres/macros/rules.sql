@@ -80,6 +80,39 @@ updated_at = v_now
 {{ c }}{{ column }} IN (1, 4, 8)
 {%- endmacro %}
 
+{#- The one result writer: the columns a result `r` (a record with state, error, postponed_by,
+    execution_time and memory, as {{ table }}_finish_results reads them) writes to its job `j`,
+    which is still PROCESSING under the result's claim. A give-back (state 1) undoes the claim;
+    one whose attempt was cancelled while it was held (`cancelled`, an SQL condition) is written
+    REDUNDANT instead. `finished`: the caller knows every result is FINISHED ({{ table }}_hand_off's
+    fast ways), and the same rules are written without the branches that cannot apply. -#}
+{% macro result_write(cancelled='FALSE', finished=False) -%}
+{%- if finished -%}
+state = 3,
+error_message = r.error,
+postponed_by = r.postponed_by,
+execution_time = r.execution_time,
+memory = r.memory,
+finished_at = v_now,
+updated_at = v_now
+{%- else -%}
+state = CASE WHEN {{ cancelled }} THEN 7 ELSE r.state END,
+number_of_attempts = CASE
+    WHEN r.state = 1 AND NOT COALESCE({{ cancelled }}, FALSE)
+        THEN j.number_of_attempts - 1
+    ELSE j.number_of_attempts
+END,
+error_message = CASE WHEN {{ cancelled }} THEN j.error_message ELSE r.error END,
+postponed_by = CASE WHEN {{ cancelled }} THEN NULL ELSE r.postponed_by END,
+execution_time = CASE WHEN r.state = 1 THEN j.execution_time ELSE r.execution_time END,
+memory = CASE WHEN r.state = 1 THEN j.memory ELSE r.memory END,
+pid = CASE WHEN r.state = 1 AND NOT COALESCE({{ cancelled }}, FALSE) THEN NULL ELSE j.pid END,
+metadata = CASE WHEN r.state = 1 THEN NULL ELSE j.metadata END,
+finished_at = CASE WHEN r.state IN (3, 7) OR {{ cancelled }} THEN v_now ELSE j.finished_at END,
+updated_at = v_now
+{%- endif -%}
+{%- endmacro %}
+
 {#- A group's head `h` that a plain UPDATE of claim_write may claim (under its group lock): not
     WAITING, NORMAL, without a coalescing threshold. Any other head goes through
     {{ table }}_claim_job (predecessor, UNIQUE duplicate and coalescing checks). -#}
