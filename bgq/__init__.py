@@ -1,6 +1,5 @@
 """bgq: a durable background-job queue on MySQL/MariaDB or PostgreSQL, with serial groups."""
 
-from .cron import ProcessReport
 from .errors import (
     BackgroundQueueException,
     BgqError,
@@ -31,6 +30,7 @@ from .errors import (
     WaitingException,
 )
 from .model import JobState, Mode
+from .modes.process import ProcessReport
 from .queue import Queue
 
 __all__ = [

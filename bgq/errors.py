@@ -39,7 +39,7 @@ class PriorityError(PublishError):
 class DatabaseError(BgqError):
     """The database refused or failed a bgq call."""
 
-    #: Whether running the whole transaction again may succeed (bgq.retry reads it).
+    #: Whether running the whole transaction again may succeed (bgq.sql.retry reads it).
     retryable: bool = False
 
 

@@ -1,6 +1,6 @@
 """Prometheus metrics (extra `metrics`): the tables read at scrape time, and what the workers count.
 
-Read from the tables at each scrape (one transaction, bgq/procs.py `table_stats`):
+Read from the tables at each scrape (one transaction, bgq/sql/calls.py `table_stats`):
   bgq_jobs{queue,state}                  jobs per queue and state (every state, 0 included)
   bgq_oldest_job_age_seconds{queue,state} now minus the oldest created_at of those jobs
   bgq_groups_blocked{queue}              serial groups whose jobs wait behind a failed job of theirs
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .config import Config
 from .errors import ConfigError
 from .model import JobState
-from .store import Store
+from .sql.database import Store
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
@@ -107,7 +107,7 @@ def _metrics() -> _WorkerMetrics:
 
 
 def record_job(queue: str, callback: str, outcome: JobState, seconds: float, wait: float | None) -> None:
-    """A job's run ended (bgq/executor.py). A no-op unless enabled."""
+    """A job's run ended (bgq/jobs/executor.py). A no-op unless enabled."""
     if not _enabled:
         return
     m = _metrics()
@@ -118,7 +118,7 @@ def record_job(queue: str, callback: str, outcome: JobState, seconds: float, wai
 
 
 def record_reaped(queue: str, count: int) -> None:
-    """The reaper took back `count` jobs (bgq/reaper.py). A no-op unless enabled."""
+    """The reaper took back `count` jobs (bgq/jobs/reaper.py). A no-op unless enabled."""
     if _enabled and count:
         _metrics().reaped.labels(queue).inc(count)
 

@@ -42,7 +42,7 @@ class Mode(StrEnum):
     RECURRING = "recurring"
 
 
-# --- a job on its way: published, claimed, run, written (procedure rows as bgq/procs.py reads them) ---
+# --- a job on its way: published, claimed, run, written (procedure rows as bgq/sql/calls.py reads them) ---
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class StuckJobs:
     oldest_since: dt.datetime | None
 
 
-# --- workers and metrics (bgq/workers.py, bgq/metrics.py) ---
+# --- workers and metrics (bgq/modes/registry.py, bgq/metrics.py) ---
 
 
 class WorkerMode(StrEnum):
@@ -202,7 +202,7 @@ class WorkerRow:
 
 @dataclass(frozen=True)
 class TableStats:
-    """What the metrics read from the tables at scrape time (bgq/procs.py table_stats)."""
+    """What the metrics read from the tables at scrape time (bgq/sql/calls.py table_stats)."""
 
     now: dt.datetime  # the server's clock
     jobs: list[tuple[str, int, int, dt.datetime]]  # (queue, state, count, oldest created_at)

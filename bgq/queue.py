@@ -1,11 +1,11 @@
 """The public API: `Queue`, a facade over the parts that publish, run and administer jobs.
 
-A newcomer follows a job through one part per step: Publisher (bgq/publisher.py) validates and
-inserts it and hands its id to the Sender (bgq/sender.py, broker mode); a worker loop
-(bgq/work.py, bgq/consumer.py, bgq/cron.py) claims it and the Executor (bgq/executor.py) runs
-it and writes its result; the Reaper (bgq/reaper.py) takes back a dead worker's job; Admin
-(bgq/admin.py) holds the operations for people. Every part reaches the database through one
-Store (bgq/store.py), which calls the stored procedures (bgq/procs.py).
+A newcomer follows a job through one part per step: Publisher (bgq/jobs/publisher.py) validates
+and inserts it and hands its id to the Sender (bgq/jobs/sender.py, broker mode); a worker loop
+(bgq/modes/: work.py, consume.py, process.py) claims it and the Executor (bgq/jobs/executor.py)
+runs it and writes its result; the Reaper (bgq/jobs/reaper.py) takes back a dead worker's job;
+Admin (bgq/jobs/admin.py) holds the operations for people. Every part reaches the database through
+one Store (bgq/sql/database.py), which calls the stored procedures (bgq/sql/calls.py).
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from sqlalchemy.engine import Connection
 
-from . import cron
-from .admin import Admin
 from .config import Config, build_config, register_callback
 from .db import Database
 from .errors import ConfigError
-from .executor import Executor
+from .jobs.admin import Admin
+from .jobs.executor import Executor
+from .jobs.publisher import Bulk, Publisher
+from .jobs.reaper import Reaper
+from .jobs.schedules import Schedule, Scheduler, declare
+from .jobs.sender import Sender
 from .model import Cancelled, JobRef, Mode, Pause, ScheduleRow, WorkerRow
-from .procs import Procs
-from .publisher import Bulk, Publisher
-from .reaper import Reaper
-from .schedules import Schedule, Scheduler, declare
-from .sender import Sender
-from .store import Store
+from .modes import process as process_mode
+from .sql.calls import Procs
+from .sql.database import Store
 from .tasks import Task
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class Queue:
       notify_on_number_of_attempts log critical once when a job has failed this many times
       on_before_process(params), on_after_process(params), on_error(exc, params),
       on_processing_get_metadata(params) -> JSON-able, stored in `metadata` at the claim
-                                   (callbacks and these hooks may be `async def`: bgq/aio.py)
+                                   (callbacks and these hooks may be `async def`: bgq/jobs/coroutines.py)
       stalled_job_timeout          s without a heartbeat before a PROCESSING job is reaped (3600; 0 = off)
       stalled_job_backoff          s a reaped job waits before it runs again (None: the retry backoff,
                                    1, 2, 4, 8, 16 min by attempts; 0: at once)
@@ -96,10 +96,10 @@ class Queue:
         self.publisher = Publisher(config, self.store, self.sender)
         self.executor = Executor(config, self.store, self.sender)
         self.admin = Admin(config, self.store, self.sender)
-        #: Reaps stalled jobs (bgq/reaper.py): process() runs it once per run, and `bgq work` and
+        #: Reaps stalled jobs (bgq/jobs/reaper.py): process() runs it once per run, and `bgq work` and
         #: `bgq consume` start it on a thread of their own.
         self.reaper = Reaper(config, self.store, self.sender)
-        #: Fires the declared schedules (bgq/schedules.py): every worker loop calls its tick().
+        #: Fires the declared schedules (bgq/jobs/schedules.py): every worker loop calls its tick().
         self.scheduler = Scheduler(config, self.store, self.sender, self._schedules)
 
     @property
@@ -135,7 +135,7 @@ class Queue:
     def close(self) -> None:
         self.store.close()
 
-    # --- publishing (bgq/publisher.py) ---
+    # --- publishing (bgq/jobs/publisher.py) ---
 
     def publish(
         self,
@@ -255,9 +255,9 @@ class Queue:
         """`with queue.bulk() as batch: ...` then `batch.ids`; an exception inside inserts nothing more."""
         return self.publisher.bulk()
 
-    # --- running jobs (bgq/cron.py, bgq/executor.py) ---
+    # --- running jobs (bgq/modes/process.py, bgq/jobs/executor.py) ---
 
-    def process(self, *, max_runtime: float | None = None) -> cron.ProcessReport:
+    def process(self, *, max_runtime: float | None = None) -> process_mode.ProcessReport:
         """`bgq process` (cron): reap stalled jobs, then run due jobs inline, one at a time.
 
         Without a broker a run is `bgq work`'s loop that ends when it finds nothing to claim: it
@@ -272,7 +272,7 @@ class Queue:
         since the call (a running job is not interrupted), so a run ends within about
         max_runtime plus one job; the report's `timed_out` says so.
         """
-        return cron.process(self, max_runtime=max_runtime)
+        return process_mode.process(self, max_runtime=max_runtime)
 
     def process_job(self, job_id: int, on_claimed: Callable[[], None] | None = None) -> str:
         """Claim one job, run its callback and write its result. Returns the claim's outcome.
@@ -325,7 +325,7 @@ class Queue:
         """
         return self.executor.install_heartbeat(engine)
 
-    # --- schedules (bgq/schedules.py) ---
+    # --- schedules (bgq/jobs/schedules.py) ---
 
     def schedule(
         self,
@@ -389,7 +389,7 @@ class Queue:
         self.scheduler.sync(now)
         return self.scheduler.fire_due(now)
 
-    # --- control: pause, resume, cancel (bgq/admin.py) ---
+    # --- control: pause, resume, cancel (bgq/jobs/admin.py) ---
 
     def pause(
         self, reason: str, *, group: str | None = None, queue: str | None = None, by: str | None = None
@@ -415,7 +415,7 @@ class Queue:
         Raises JobNotFoundError for an unknown id."""
         return self.admin.cancel(job_id, reason)
 
-    # --- operations for people (bgq/admin.py) ---
+    # --- operations for people (bgq/jobs/admin.py) ---
 
     def requeue(self, job_id: int, reason: str) -> JobRef:
         """The DBA's manual requeue: the job becomes READY again (not while PROCESSING)."""
@@ -426,7 +426,7 @@ class Queue:
         return self.admin.run_now(job_id, reason)
 
     def workers(self) -> list[WorkerRow]:
-        """The registered worker processes of this queue (`bgq workers`; bgq/workers.py)."""
+        """The registered worker processes of this queue (`bgq workers`; bgq/modes/registry.py)."""
         return self.admin.workers()
 
     def get_job(self, job_id: int) -> dict[str, Any] | None:
@@ -445,7 +445,7 @@ class Queue:
         return self.admin.get_unfinished_job_identifiers(identifiers, exclude_processing)
 
     def report_stuck_jobs(self) -> dict[int, dict[str, Any]]:
-        """The monitor (`bgq monitor`): jobs that need a person, per state (bgq/admin.py)."""
+        """The monitor (`bgq monitor`): jobs that need a person, per state (bgq/jobs/admin.py)."""
         return self.admin.report_stuck_jobs()
 
     def clear_finished_jobs(self, days: int | None = None) -> int:

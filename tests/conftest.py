@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from bgq import Queue
 from bgq.db import Database
-from bgq.install import install, uninstall
+from bgq.sql.install import install, uninstall
 from tests.support.helpers import unique_name
 
 # PyMySQL >= 1.2 builds a TLS context for every new connection unless told not to (its default

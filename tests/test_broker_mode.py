@@ -467,7 +467,7 @@ def test_a_send_whose_broker_failed_mark_also_fails_logs_it_and_sends_the_others
         raise ConnectionLostError("cut")
 
     monkeypatch.setattr(queue.store.procs, "broker_failed", cut)
-    monkeypatch.setattr("bgq.retry.time.sleep", lambda seconds: None)
+    monkeypatch.setattr("bgq.sql.retry.time.sleep", lambda seconds: None)
     with caplog.at_level(logging.CRITICAL, logger="bgq"):
         queue.sender.send([(first, "general", 1, None), (second, "general", 1, None)])
     assert producer.sent == [second]

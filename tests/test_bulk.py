@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from bgq import DatabaseError, OutcomeUnknownError, Queue
-from bgq.db import alone as alone_module
+from bgq.db import autocommit
 from tests.support.helpers import count_rows, utc, wait_until
 
 
@@ -227,7 +227,7 @@ def test_bulk_rows_are_the_rows_publish_stores_one_by_one(make_queue, installed,
 def test_a_bulk_larger_than_one_statement_is_inserted_in_one_transaction(make_queue, installed, monkeypatch):
     """Parameters over BULK_INSERT_BYTES go in several statements of one transaction: ids still
     map to their jobs, and a failure in a later statement leaves none of them."""
-    from bgq import publisher
+    from bgq.jobs import publisher
 
     monkeypatch.setattr(publisher, "BULK_INSERT_BYTES", 40)
     queue = make_queue(bulk_size=100)
@@ -417,7 +417,7 @@ def test_a_sent_batch_that_fails_during_the_callers_exception_is_logged(
 def test_threads_that_end_inside_a_bulk_leave_no_connection_behind(make_queue, installed, monkeypatch):
     """A bulk never ended (its thread returned after a batch was sent): the connection it held
     is closed when the bulk is garbage, so publish's connection slots do not run out."""
-    monkeypatch.setattr(alone_module, "WAIT_S", 2.0)
+    monkeypatch.setattr(autocommit, "WAIT_S", 2.0)
     queue = make_queue(bulk_size=2)
     slots = queue.store.database.alone.in_use
 

@@ -11,7 +11,7 @@ import pytest
 
 from bgq import JobState, Queue
 from bgq.db import Database
-from bgq.install import uninstall
+from bgq.sql.install import uninstall
 from tests.conftest import DATABASE_URLS
 from tests.support.cli import BGQ, run_bgq
 from tests.support.helpers import state_of, unique_name

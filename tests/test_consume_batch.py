@@ -13,12 +13,12 @@ from collections import Counter
 
 from pika.adapters.blocking_connection import BlockingChannel
 
-import bgq.consumer
-import bgq.executor
-import bgq.heartbeat
-import bgq.pipeline
+import bgq.jobs.executor
+import bgq.jobs.heartbeat
+import bgq.modes.consume
+import bgq.modes.pipeline
 from bgq import JobState
-from bgq.stopping import GracefulStop
+from bgq.modes.stopping import GracefulStop
 from tests.conftest import AMQP_URL
 from tests.support import ledger_worker
 from tests.support.clock import fake_time
@@ -35,7 +35,7 @@ from tests.support.helpers import (
 
 def _full_batches() -> None:
     """Jobs are taken for fast from the start: the first batch is as large as batch_max allows."""
-    bgq.consumer.FIRST_ESTIMATE = 1e-6
+    bgq.modes.consume.FIRST_ESTIMATE = 1e-6
 
 
 def consume_in_batches(url, table, ledger, amqp_url, base, jobs=0, stalled=0, backoff=None) -> None:
@@ -52,7 +52,7 @@ def consume_then_die_before_acking(url, table, ledger, amqp_url, base) -> None:
     def die(_delivery, _log) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
-    bgq.consumer._ack = die
+    bgq.modes.consume._ack = die
     ledger_worker.consume_ledger(url, table, ledger, amqp_url, base)
 
 
@@ -67,13 +67,13 @@ def test_a_batch_is_claimed_in_one_transaction_and_acknowledged_after_it(
 ):
     """Ten messages taken together: their ten claims run in ONE transaction of the consumer (one
     call of {table}_claim_ids), and every message is acknowledged only once it has committed."""
-    monkeypatch.setattr(bgq.consumer, "FIRST_ESTIMATE", 1e-6)
+    monkeypatch.setattr(bgq.modes.consume, "FIRST_ESTIMATE", 1e-6)
     queue = broker_queue(callbacks={"noop": lambda: None})
     ids = [queue.publish("noop") for _ in range(10)]
     executor, calls = queue.executor, queue.store.procs
     claims_per_transaction: list[int] = []
     events: list[str] = []
-    claim_ids, retrying, ack = calls.claim_ids, executor.retrying, bgq.consumer._ack
+    claim_ids, retrying, ack = calls.claim_ids, executor.retrying, bgq.modes.consume._ack
 
     def counting_claim_ids(conn, job_ids, *args, **kwargs):
         claims_per_transaction[-1] += len(job_ids)
@@ -92,9 +92,9 @@ def test_a_batch_is_claimed_in_one_transaction_and_acknowledged_after_it(
 
     monkeypatch.setattr(calls, "claim_ids", counting_claim_ids)
     monkeypatch.setattr(executor, "retrying", counting_retrying)
-    monkeypatch.setattr(bgq.consumer, "_ack", recording_ack)
+    monkeypatch.setattr(bgq.modes.consume, "_ack", recording_ack)
     with GracefulStop() as stop:
-        assert bgq.consumer.consume(queue, None, 10, [1], stop, batch_max=10) == 0
+        assert bgq.modes.consume.consume(queue, None, 10, [1], stop, batch_max=10) == 0
     assert [c for c in claims_per_transaction if c] == [10]
     assert events == ["committed"] + ["ack"] * 10
     assert all(state_of(installed, i) == JobState.FINISHED for i in ids)
@@ -106,7 +106,7 @@ def test_a_batch_is_acknowledged_by_one_basic_ack_sent_after_its_claim_committed
 ):
     """The ten messages of a batch cost RabbitMQ one basic.ack(multiple), not ten, and it goes
     out only after the claim's transaction committed."""
-    monkeypatch.setattr(bgq.consumer, "FIRST_ESTIMATE", 1e-6)
+    monkeypatch.setattr(bgq.modes.consume, "FIRST_ESTIMATE", 1e-6)
     queue = broker_queue(callbacks={"noop": lambda: None})
     ids = [queue.publish("noop") for _ in range(10)]
     events: list[object] = []
@@ -124,7 +124,7 @@ def test_a_batch_is_acknowledged_by_one_basic_ack_sent_after_its_claim_committed
     monkeypatch.setattr(queue.executor, "retrying", counting_retrying)
     monkeypatch.setattr(BlockingChannel, "basic_ack", recording_basic_ack)
     with GracefulStop() as stop:
-        assert bgq.consumer.consume(queue, None, 10, [1], stop, batch_max=10) == 0
+        assert bgq.modes.consume.consume(queue, None, 10, [1], stop, batch_max=10) == 0
     assert events == ["committed", ("basic.ack", True)]
     assert all(state_of(installed, i) == JobState.FINISHED for i in ids)
     wait_until(lambda: rabbit.count(f"{rabbit.base}_1") == 0, "the queue is empty", 10, 0.1)
@@ -211,12 +211,12 @@ def test_a_failing_follow_up_costs_no_other_job_its_result_or_follow_up(
     """A follow-up that raises after a result is written (in production: a broker send whose
     BROKER_FAILED mark met a cut database) must not end the writer thread: every later result is
     still written, so no job is left PROCESSING for the reaper to run again."""
-    monkeypatch.setattr(bgq.consumer, "FIRST_ESTIMATE", 1e-6)
+    monkeypatch.setattr(bgq.modes.consume, "FIRST_ESTIMATE", 1e-6)
     queue = broker_queue(callbacks={"noop": lambda: None})
     ids = [queue.publish("noop") for _ in range(6)]
     calls = fail_first_follow_up(queue, monkeypatch)
     with caplog.at_level(logging.CRITICAL, logger="bgq"), GracefulStop() as stop:
-        assert bgq.consumer.consume(queue, None, 6, [1], stop, batch_max=1) == 0
+        assert bgq.modes.consume.consume(queue, None, 6, [1], stop, batch_max=1) == 0
     assert f"Following up a written result failed. (ID: {calls[0]})" in caplog.text
     assert sorted(calls) == sorted(ids)  # every other job's follow-up still ran
     assert [state_of(installed, i) for i in ids] == [JobState.FINISHED] * 6
@@ -227,7 +227,7 @@ def test_a_slow_writer_holds_back_the_takes_so_few_results_wait_unwritten(
 ):
     """Backpressure, as in bgq work: with commits slower than the jobs, no message is taken while
     `batch_max` results wait to be written (jobs run but not recorded stay about two batches)."""
-    monkeypatch.setattr(bgq.consumer, "FIRST_ESTIMATE", 1e-6)
+    monkeypatch.setattr(bgq.modes.consume, "FIRST_ESTIMATE", 1e-6)
     ran, written, unwritten = [0], [0], []
 
     def job() -> None:
@@ -255,7 +255,7 @@ def test_a_slow_writer_holds_back_the_takes_so_few_results_wait_unwritten(
     monkeypatch.setattr(queue.store.procs, "finish_batch", slow_finish_batch)
     monkeypatch.setattr(queue.store.procs, "finish", slow_finish)
     with GracefulStop() as stop:
-        assert bgq.consumer.consume(queue, None, 120, [1], stop, batch_max=5) == 0
+        assert bgq.modes.consume.consume(queue, None, 120, [1], stop, batch_max=5) == 0
     assert [state_of(installed, i) for i in ids] == [JobState.FINISHED] * 120
     assert max(unwritten) <= 2 * 5, max(unwritten)
 
@@ -267,11 +267,13 @@ def test_a_grouped_job_given_back_sends_the_job_its_group_promoted(
     given back. Meanwhile B, a better-priority job of H's group, was taken by another consumer
     and turned WAITING behind H. The give-back wakes the group, which promotes B: B's id must be
     sent then (not left to the lost-message pass, an hour later), and B runs before H."""
-    monkeypatch.setattr(bgq.consumer, "FIRST_ESTIMATE", 1e-6)
+    monkeypatch.setattr(bgq.modes.consume, "FIRST_ESTIMATE", 1e-6)
     ran: list[str] = []
     b_waiting = threading.Event()
     # the clock of the consumer's takes, of its pipeline's hold, of the late-start check and the heartbeat
-    fake = fake_time(monkeypatch, bgq.consumer, bgq.pipeline, bgq.executor, bgq.heartbeat)
+    fake = fake_time(
+        monkeypatch, bgq.modes.consume, bgq.modes.pipeline, bgq.jobs.executor, bgq.jobs.heartbeat
+    )
 
     def slow() -> None:
         ran.append("slow")
@@ -284,7 +286,7 @@ def test_a_grouped_job_given_back_sends_the_job_its_group_promoted(
     head = queue.publish("rec", ["H"], serial_group="g", priority=2)
     stop = GracefulStop()
     consumer = threading.Thread(
-        target=bgq.consumer.consume, args=(queue, None, 0, [1, 2, 3], stop), kwargs={"batch_max": 10}
+        target=bgq.modes.consume.consume, args=(queue, None, 0, [1, 2, 3], stop), kwargs={"batch_max": 10}
     )
     consumer.start()
     try:

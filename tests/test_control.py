@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 import bgq
-from bgq.install import render
 from bgq.model import JobState
+from bgq.sql.install import render
 from tests.support.clock import Clock
 from tests.support.helpers import state_of, wait_until
 
@@ -427,7 +427,7 @@ def test_an_abort_requested_during_an_earlier_attempt_does_not_cancel_a_reaped_r
 
 def test_a_dead_workers_cancelled_job_is_reaped_as_cancelled(make_queue, installed):
     from bgq.model import WorkerMode
-    from bgq.workers import Registry
+    from bgq.modes.registry import Registry
 
     queue = make_queue(worker_heartbeat_interval=60, worker_dead_after=180, stalled_job_timeout=3600)
     job = queue.publish("noop")
@@ -462,8 +462,8 @@ def test_broker_mode_a_reaped_cancelled_job_is_not_sent_and_its_waiting_successo
 def test_broker_mode_a_paused_jobs_message_comes_back_delayed_and_runs_after_resume(
     broker_queue, rabbit, installed, unpause
 ):
-    from bgq.consumer import consume
-    from bgq.stopping import GracefulStop
+    from bgq.modes.consume import consume
+    from bgq.modes.stopping import GracefulStop
 
     ran: list[str] = []
     queue = broker_queue(callbacks={"job": lambda name: ran.append(name)})

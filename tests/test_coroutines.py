@@ -18,7 +18,8 @@ from collections import defaultdict
 
 import pytest
 
-from bgq import JobState, PriorityError, PublishError, SerializationError, UnknownCallbackError, aio
+from bgq import JobState, PriorityError, PublishError, SerializationError, UnknownCallbackError
+from bgq.jobs import coroutines
 from tests.conftest import AMQP_URL
 from tests.support.cli import BGQ
 from tests.support.clock import Clock
@@ -170,7 +171,7 @@ def test_coroutine_hooks_can_replace_the_error_and_the_loop_is_reused(make_queue
     assert row_of(installed, first)["error_message"] == "PermissionError: replaced by the async on_error"
     assert state_of(installed, second) == JobState.TEMPORARILY_FAILED
     assert len(loops) == 4 and all(loop is loops[0] for loop in loops)  # one loop, reused
-    assert loops[0] is aio.event_loop() and not loops[0].is_closed()
+    assert loops[0] is coroutines.event_loop() and not loops[0].is_closed()
 
 
 def test_a_coroutine_callbacks_exception_carries_no_context_of_bgqs(make_queue, installed, caplog):
@@ -213,13 +214,13 @@ def test_process_called_from_inside_a_running_loop_runs_coroutines_on_a_helper_t
 
 
 def test_a_forked_child_gets_its_own_loop():
-    parent = aio.event_loop()
-    assert aio.event_loop() is parent  # reused
+    parent = coroutines.event_loop()
+    assert coroutines.event_loop() is parent  # reused
     pid = os.fork()
     if pid == 0:  # the child: a loop of its own, which then runs coroutines
         try:
-            child = aio.event_loop()
-            ok = child is not parent and aio.run(asyncio.sleep(0, "ran")) == "ran"
+            child = coroutines.event_loop()
+            ok = child is not parent and coroutines.run(asyncio.sleep(0, "ran")) == "ran"
             os._exit(0 if ok else 1)
         except BaseException:
             os._exit(2)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bgq import JobState
-from bgq.cron import PROCESS_LIMIT
+from bgq.modes.process import PROCESS_LIMIT
 from tests.support import work_app
 from tests.support.helpers import wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)

@@ -11,7 +11,6 @@ import pymysql
 import pytest
 import sqlalchemy as sa
 
-from bgq import retry
 from bgq.db import Database, Proc
 from bgq.errors import (
     ConnectionLostError,
@@ -25,6 +24,7 @@ from bgq.errors import (
     SerializationFailureError,
     StatementCanceledError,
 )
+from bgq.sql import retry
 from tests.conftest import DATABASE_URLS
 from tests.support.helpers import (
     background,
@@ -138,7 +138,7 @@ def test_pymysql_closed_socket_is_a_lost_connection(databases):
 
 
 def test_the_retry_policy_runs_retryable_errors_again_and_others_once(databases, monkeypatch):
-    monkeypatch.setattr("bgq.retry.time.sleep", lambda s: None)
+    monkeypatch.setattr("bgq.sql.retry.time.sleep", lambda s: None)
     calls: list[type[Exception]] = []
 
     def failing(kind: type[DatabaseError]):
@@ -324,7 +324,7 @@ def test_a_transaction_the_server_cut_for_idling_is_a_lost_connection(dialect, i
 
 def test_persist_policy_tries_every_bgq_error_again_after_the_persist_pauses(monkeypatch):
     slept: list[float] = []
-    monkeypatch.setattr("bgq.retry.time.sleep", slept.append)
+    monkeypatch.setattr("bgq.sql.retry.time.sleep", slept.append)
     retried: list[BaseException] = []
     tries: list[int] = []
 
@@ -340,6 +340,6 @@ def test_persist_policy_tries_every_bgq_error_again_after_the_persist_pauses(mon
 
 
 def test_persist_policy_lets_a_non_bgq_error_through_at_once(monkeypatch):
-    monkeypatch.setattr("bgq.retry.time.sleep", lambda s: pytest.fail("slept"))
+    monkeypatch.setattr("bgq.sql.retry.time.sleep", lambda s: pytest.fail("slept"))
     with pytest.raises(KeyError):
         retry.persist_policy(lambda exc: None)(lambda: {}["x"])

@@ -25,7 +25,7 @@ from bgq import JobState
 from bgq.db import Database
 from bgq.errors import BgqError
 from bgq.model import JobResult
-from bgq.procs import Procs
+from bgq.sql.calls import Procs
 from tests.support import work_app
 from tests.support.helpers import session_id, wait_session_gone, wait_until
 from tests.test_work import cli  # noqa: F401  (the fixture)

@@ -8,8 +8,8 @@ import pytest
 
 from bgq.db import Database
 from bgq.errors import SchemaVersionError
-from bgq.install import check_installed, install, render, sql_dir, uninstall
-from bgq.procs import ALL_PROCS, INTERNAL_PROCS, Procs
+from bgq.sql.calls import ALL_PROCS, INTERNAL_PROCS, Procs
+from bgq.sql.install import check_installed, install, render, sql_dir, uninstall
 from tests.support.helpers import unique_name
 from tests.test_cli import assert_clean_failure, bgq, write_app
 

@@ -31,7 +31,7 @@ def test_checklist_37_die_with_a_cause_is_classified_by_the_cause_and_process_st
 def _die_consumer(url, table, base):
     from bgq import Queue
     from bgq.broker.rabbitmq import RabbitMQ
-    from bgq.consumer import GracefulStop, consume
+    from bgq.modes.consume import GracefulStop, consume
 
     queue = Queue(
         callbacks={"die": _die_from_cause, "noop": lambda: None},
@@ -81,7 +81,7 @@ def test_checklist_69_a_claim_that_keeps_deadlocking_is_retried_then_leaves_the_
 
     monkeypatch.setattr(queue.procs, "claim", deadlock)  # process_job's claim
     monkeypatch.setattr(queue.procs, "claim_batch", deadlock)  # cron mode's claim
-    monkeypatch.setattr("bgq.retry.time.sleep", lambda s: None)
+    monkeypatch.setattr("bgq.sql.retry.time.sleep", lambda s: None)
     assert queue.process().outcomes == {"error": 1}
     assert len(calls) == 5  # CLAIM_TRIES
     assert state_of(installed, job) == JobState.READY  # never stuck in PROCESSING

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bgq import JobState, PermanentErrorException, TemporaryErrorException, metrics
 from bgq.model import WorkerMode
-from bgq.workers import Registry
+from bgq.modes.registry import Registry
 from tests.support.cli import BGQ
 from tests.support.helpers import wait_until
 from tests.support.work_app import ROOT

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-import bgq.install
-from bgq import migrate
+import bgq.sql.install
 from bgq.db import Database
 from bgq.errors import LockTimeoutError, SchemaVersionError
-from bgq.install import SqlFiles, _statements, check_installed, install, render, sql_dir, uninstall
-from bgq.procs import Procs
+from bgq.sql import migrations
+from bgq.sql.calls import Procs
+from bgq.sql.install import SqlFiles, _statements, check_installed, install, render, sql_dir, uninstall
 from tests.support.helpers import unique_name, wait_until
 
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
@@ -224,12 +224,12 @@ def test_a_released_schema_migrates_to_the_fresh_schema_and_keeps_its_rows(table
     assert differences(catalogue(db, old), catalogue(db, fresh)) == {}
     assert rows(db, old) == before and len(before["jobs"]) == len(JOBS)
     check_installed(db, old)
-    recorded = {k: v for k, v in meta(db, old).items() if k.startswith(migrate.MIGRATION_KEY)}
+    recorded = {k: v for k, v in meta(db, old).items() if k.startswith(migrations.MIGRATION_KEY)}
     expected = {m.key for m in SqlFiles.load(db.dialect.name).migrations}
     assert set(recorded) == expected
     # Version 1 ran every migration; a version 2 table had those up to its level already (read
-    # from the recorded version, migrate.LEGACY_LEVELS) and ran the later ones.
-    level = migrate.LEGACY_LEVELS[version]
+    # from the recorded version, migrations.LEGACY_LEVELS) and ran the later ones.
+    level = migrations.LEGACY_LEVELS[version]
     for number, migration in enumerate(SqlFiles.load(db.dialect.name).migrations):
         how = f"inferred from version {version} " if number < level else "applied "
         assert recorded[migration.key].startswith(how), recorded
@@ -298,7 +298,7 @@ def test_a_table_migrated_by_a_newer_bgq_is_refused(tables):
     with db.transaction() as conn:
         conn.exec_driver_sql(
             f"INSERT INTO {fresh}_meta (name, value) VALUES (%s, 'applied')",
-            (migrate.MIGRATION_KEY + "9999_next",),
+            (migrations.MIGRATION_KEY + "9999_next",),
         )
     with pytest.raises(SchemaVersionError, match="migrated by a newer bgq .*9999_next"):
         check_installed(db, fresh)
@@ -311,7 +311,7 @@ def test_a_second_install_waits_for_the_first_one(tables, db_url, caplog):
     other = Database(db_url)
     result: list[bool] = []
     try:
-        with migrate.install_lock(other, old):
+        with migrations.install_lock(other, old):
             with pytest.raises(LockTimeoutError, match="Another `bgq install-procs` is running"):
                 install(db, old, lock_wait=0.5)
             caplog.clear()
@@ -323,7 +323,7 @@ def test_a_second_install_waits_for_the_first_one(tables, db_url, caplog):
                 )
             assert waiting.is_alive() and result == []
             with db.transaction() as conn:
-                assert not migrate.table_exists(db, conn, old)
+                assert not migrations.table_exists(db, conn, old)
         waiting.join(timeout=120)
         assert result == [True]
         check_installed(db, old)
@@ -430,7 +430,7 @@ def test_an_edit_to_schema_sql_without_a_migration_is_seen(tables, edit, tmp_pat
     else:
         schema += after
     (folder / "schema.sql").write_text(schema)
-    monkeypatch.setattr(bgq.install, "sql_dir", lambda dialect: tmp_path / dialect)
+    monkeypatch.setattr(bgq.sql.install, "sql_dir", lambda dialect: tmp_path / dialect)
     edited = unique_name("bgqmig")
     try:
         install(db, edited)

@@ -19,8 +19,8 @@ import time
 import pytest
 
 from bgq import JobState, Queue
-from bgq.cli import queue_lock_name
-from bgq.cmdlock import CommandLockedError, command_lock, lock_name, locks_dir
+from bgq.cli.cmdlock import CommandLockedError, command_lock, lock_name, locks_dir
+from bgq.cli.commands import queue_lock_name
 from tests.support.helpers import set_row, state_of
 from tests.test_cli import bgq, write_app
 
@@ -241,7 +241,7 @@ def test_checklist_103_a_killed_holders_lock_is_taken_over(tmp_path):
                 f"""
                 import signal
                 from pathlib import Path
-                from bgq.cmdlock import command_lock
+                from bgq.cli.cmdlock import command_lock
                 with command_lock("stale", Path({str(tmp_path)!r})):
                     print("held", flush=True)
                     signal.pause()  # held until the test kills it
@@ -430,7 +430,7 @@ def test_checklist_103_a_killed_process_command_does_not_block_the_next(cli, ins
         [
             sys.executable,
             "-c",
-            f"import signal; from pathlib import Path; from bgq.cmdlock import command_lock\n"
+            f"import signal; from pathlib import Path; from bgq.cli.cmdlock import command_lock\n"
             f"with command_lock({name!r}, Path({str(cli.locks)!r})):\n"
             f"    print('held', flush=True); signal.pause()\n",  # held until the test kills it
         ],
@@ -480,7 +480,7 @@ def test_checklist_103_locked_commands_exit_0_at_once(cli, make_queue, installed
 
 
 def _key(queue: Queue) -> str:
-    from bgq.cli import _database_key
+    from bgq.cli.commands import _database_key
 
     return _database_key(queue.config.database_url, queue.config.data_dir)
 

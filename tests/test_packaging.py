@@ -8,7 +8,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from bgq.install import SqlFiles
+from bgq.sql.install import SqlFiles
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,7 @@ def test_wheel_ships_the_sql_and_finds_it(tmp_path):
     unpacked = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(unpacked)
     code = (
-        "from bgq.install import sql_dir, SqlFiles; print(sql_dir('postgres'));"
+        "from bgq.sql.install import sql_dir, SqlFiles; print(sql_dir('postgres'));"
         " print(len(SqlFiles.load('mysql').migrations), SqlFiles.load('postgres').checksum)"
     )
     env = {**os.environ, "PYTHONPATH": str(unpacked)}

@@ -1,4 +1,4 @@
-"""bgq.params: the JSON encoding of job parameters (with dates and Decimals) and opt-in pickle."""
+"""bgq.jobs.params: the JSON encoding of job parameters (with dates and Decimals) and opt-in pickle."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 
 from bgq.errors import SerializationError
-from bgq.params import decode, encode
+from bgq.jobs.params import decode, encode
 
 
 class Point:

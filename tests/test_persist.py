@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from bgq import retry as retry_module
 from bgq.errors import ConnectionLostError
-from bgq.executor import Executor
-from bgq.retry import PERSIST_PAUSES
+from bgq.jobs.executor import Executor
+from bgq.sql import retry as retry_module
+from bgq.sql.retry import PERSIST_PAUSES
 
 
 class _FailingDatabase:

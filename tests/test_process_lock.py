@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bgq import JobState, Queue
-from bgq.cli import queue_lock_name
+from bgq.cli.commands import queue_lock_name
 from tests.support.cli import BGQ, bgq_vars, run_bgq
 from tests.support.helpers import unique_name, wait_until
 

@@ -324,9 +324,9 @@ def test_checklist_65_66_cron_states_order_and_back_to_broker_ignored(make_queue
 
 
 def test_checklist_65_at_most_1000_per_run(make_queue, installed, monkeypatch):
-    import bgq.cron
+    import bgq.modes.process
 
-    monkeypatch.setattr(bgq.cron, "PROCESS_LIMIT", 3)
+    monkeypatch.setattr(bgq.modes.process, "PROCESS_LIMIT", 3)
     queue = make_queue()
     ids = [queue.publish("noop") for _ in range(5)]
     assert sum(queue.process().outcomes.values()) == 3

@@ -1,4 +1,4 @@
-"""publish()'s own connection (bgq/db/alone.py): one INSERT per job, a lost connection replaced
+"""publish()'s own connection (bgq/db/autocommit.py): one INSERT per job, a lost connection replaced
 only while it is certain the INSERT was not sent, never an INSERT sent twice."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bgq import ConnectionLostError, DatabaseError, OutcomeUnknownError, Queue
-from bgq.db import POOL_SIZE, alone
+from bgq.db import POOL_SIZE, autocommit
 from tests.support.helpers import background, count_rows, held_transaction, wait_session_gone, wait_until
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -78,7 +78,7 @@ def test_a_silently_lost_idle_connection_is_pinged_and_replaced(dialect, install
     queue.publish("noop", [1])
     kept, old = _kept(queue), _session(queue)
     kept.poller = type("Silent", (), {"poll": lambda self, timeout: []})()  # the socket shows nothing
-    monkeypatch.setattr(alone, "PING_AFTER", 0.0)
+    monkeypatch.setattr(autocommit, "PING_AFTER", 0.0)
     _kill(installed, dialect, old)
     _gone(installed, dialect, old)
     queue.publish("noop", [2])

@@ -10,8 +10,8 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from bgq import ConfigError, PublishError, Queue, SerializationError
-from bgq import params as params_codec
 from bgq.config import DEFAULT_MAX_PARAMETERS_BYTES
+from bgq.jobs import params as params_codec
 from tests.support.helpers import count_rows
 
 PRAGUE = ZoneInfo("Europe/Prague")

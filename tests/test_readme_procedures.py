@@ -1,4 +1,4 @@
-"""Every procedure signature README.md documents is the one in bgq/signatures.py and on the server."""
+"""Every procedure signature README.md documents is the one in bgq/sql/signatures.py and on the server."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bgq.procs import ALL_PROCS, INTERNAL_PROCS, Procs
+from bgq.sql.calls import ALL_PROCS, INTERNAL_PROCS, Procs
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 # A row of the "Calling the procedures from a SQL console" table: | `<table>_name(p_a, p_b)` ...

@@ -1,4 +1,4 @@
-"""Continuous workers reap stalled jobs themselves: no cron needed (bgq/reaper.py), on both dialects.
+"""Continuous workers reap stalled jobs themselves: no cron needed (bgq/jobs/reaper.py), on both dialects.
 
 A worker is SIGKILLed while it runs a grouped job; nothing but the surviving workers (`bgq work`,
 or `bgq consume` with RabbitMQ) runs. The killed job must be reaped within stalled_job_timeout +
@@ -18,9 +18,9 @@ from collections import Counter
 
 import pytest
 
-import bgq.executor
+import bgq.jobs.executor
 from bgq import JobState
-from bgq.reaper import REAP_INTERVAL
+from bgq.jobs.reaper import REAP_INTERVAL
 from tests.conftest import AMQP_URL
 from tests.support import ledger_worker
 from tests.support.clock import Clock, FakeTime
@@ -189,7 +189,7 @@ def test_a_consumer_held_up_between_claim_and_start_does_not_run_a_job_taken_ove
     owner = make_queue(callbacks={"job": lambda: ran.append("owner")}, **options)
     job = zombie.publish("job")
     frozen = FakeTime()
-    monkeypatch.setattr(bgq.executor, "time", frozen)
+    monkeypatch.setattr(bgq.jobs.executor, "time", frozen)
 
     def held_up() -> None:  # what a SIGSTOP after the acknowledgement does: time passes, others move on
         frozen.advance(1.2)  # past half of stalled_job_timeout (time.monotonic() counts a stopped process)
@@ -225,7 +225,7 @@ def test_a_registered_worker_held_up_past_the_worker_bound_does_not_run_a_job_ta
         )
     job = zombie.publish("job")
     frozen = FakeTime()
-    monkeypatch.setattr(bgq.executor, "time", frozen)
+    monkeypatch.setattr(bgq.jobs.executor, "time", frozen)
 
     def held_up() -> None:  # a SIGSTOP after the claim: the worker's row goes stale, others move on
         frozen.advance(1.7)  # past half of worker_dead_after, far below half of stalled_job_timeout
@@ -248,7 +248,7 @@ def test_a_late_claim_that_still_holds_runs_and_is_renewed(make_queue, installed
         seen.append(installed.sql("SELECT updated_at, last_attempt_at FROM {t} WHERE id = %s", (job,))[0])
 
     clock, frozen = Clock(), FakeTime()
-    monkeypatch.setattr(bgq.executor, "time", frozen)
+    monkeypatch.setattr(bgq.jobs.executor, "time", frozen)
     queue = make_queue(callbacks={"job": look}, stalled_job_timeout=2, clock=clock)
     job = queue.publish("job")
     # 1.2 s late, by bgq's clock and by the worker's monotonic time alike (as a stopped process sees it)

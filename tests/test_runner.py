@@ -1,4 +1,4 @@
-"""bgq.runner: backoff, the classification of a job's exception (SPEC B §6) and the hooks around a run."""
+"""bgq.jobs.callback: backoff, the classification of a job's exception (SPEC B §6), the hooks of a run."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-import bgq.runner
+import bgq.jobs.callback
 from bgq import (
     DieException,
     JobState,
@@ -14,10 +14,9 @@ from bgq import (
     SkipException,
     TemporaryErrorException,
     WaitingException,
-    runner,
 )
 from bgq.config import build_config
-from bgq.runner import backoff_ms, classify, describe, invoke, memory_usage, run
+from bgq.jobs.callback import backoff_ms, classify, describe, invoke, memory_usage, run
 from tests.support.clock import FakeTime
 
 MINUTE = 60_000
@@ -222,7 +221,7 @@ def test_checklist_21_invoke_spreads_lists_and_dicts():
 
 def test_run_success_reports_time_and_memory(monkeypatch):
     calls, fake = [], FakeTime()
-    monkeypatch.setattr(bgq.runner, "time", fake)
+    monkeypatch.setattr(bgq.jobs.callback, "time", fake)
 
     def callback(a, b):
         calls.append((a, b))
@@ -266,8 +265,8 @@ def test_a_forked_child_reads_its_own_memory():
     pid = os.fork()
     if pid == 0:  # the child: its /proc/self is not the parent's
         os.close(read)
-        files = runner._proc_files()
-        os.write(write, b"ok" if {os.getpid(): files} == runner._PROC_FILES else b"no")
+        files = bgq.jobs.callback._proc_files()
+        os.write(write, b"ok" if {os.getpid(): files} == bgq.jobs.callback._PROC_FILES else b"no")
         os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)

@@ -27,13 +27,13 @@ import pymysql
 import pytest
 import sqlalchemy as sa
 
-from bgq import retry
 from bgq.db import Database
 from bgq.errors import DeadlockError, LockTimeoutError, NodeNotReadyError
-from bgq.install import install
-from bgq.migrate import install_lock
 from bgq.model import JobResult
-from bgq.procs import Procs
+from bgq.sql import retry
+from bgq.sql.calls import Procs
+from bgq.sql.install import install
+from bgq.sql.migrations import install_lock
 from tests.conftest import DATABASE_URLS
 from tests.support.helpers import (
     PID,

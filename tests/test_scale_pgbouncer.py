@@ -21,9 +21,9 @@ import sqlalchemy as sa
 from bgq import Queue
 from bgq.db import Database
 from bgq.errors import ConfigError
-from bgq.install import install, uninstall
-from bgq.procs import Procs
-from bgq.wakeups import Listener
+from bgq.sql.calls import Procs
+from bgq.sql.install import install, uninstall
+from bgq.sql.wakeups import Listener
 from tests.conftest import DATABASE_URLS, IN_CI, _probe_database, require_service
 from tests.support.helpers import unique_name, wait_until
 

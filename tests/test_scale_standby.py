@@ -13,9 +13,10 @@ import socket
 import pytest
 import sqlalchemy as sa
 
-from bgq import Queue, ReadOnlyError, retry
+from bgq import Queue, ReadOnlyError
 from bgq.db import Database, normalise_url, render_url
 from bgq.errors import DatabaseError, DatabaseUnavailableError
+from bgq.sql import retry
 from tests.conftest import DATABASE_URLS, SERVICE_NAMES, _probe_database, require_service
 from tests.support.helpers import unique_name
 
@@ -119,14 +120,14 @@ def test_the_first_host_down_bgq_works_on_the_second(form):
     queue = Queue(callbacks={"noop": lambda: None}, database_url=raw, table_name=table, queue="standby")
     try:
         queue.install()
-        job_id = queue.publish("noop", [])  # the single-statement path (bgq/db/alone.py)
+        job_id = queue.publish("noop", [])  # the single-statement path (bgq/db/autocommit.py)
         report = queue.process()  # claims and results through the engine's pool
         assert sum(report.outcomes.values()) == 1
         assert queue.get_job(job_id)["state"] == 3  # FINISHED
         with queue.database.transaction() as conn:
             assert conn.exec_driver_sql("SELECT inet_server_port()").scalar() == (live.port or 5432)
     finally:
-        from bgq.install import uninstall
+        from bgq.sql.install import uninstall
 
         uninstall(queue.database, table)
         queue.close()
@@ -218,7 +219,7 @@ def test_a_worker_on_a_read_only_server_logs_one_line_per_try_and_stops_when_ask
     import threading
     import time
 
-    from bgq.work import work
+    from bgq.modes.work import work
 
     class Stop:
         requested = False

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import bgq
-import bgq.schedules
+import bgq.jobs.schedules
 from bgq.model import JobState
 from tests.support.cli import BGQ, run_bgq
 from tests.support.clock import Clock, fake_time
@@ -349,7 +349,7 @@ def test_an_idle_worker_fires_each_schedule_at_its_time_not_a_poll_later(
 def test_bgq_process_fires_due_schedules_and_runs_their_jobs_in_the_same_pass(
     make_queue, installed, clean_schedules, monkeypatch
 ):
-    ran, clock, ticks = [], Clock(), fake_time(monkeypatch, bgq.schedules)
+    ran, clock, ticks = [], Clock(), fake_time(monkeypatch, bgq.jobs.schedules)
     queue = make_queue(callbacks={"beat": lambda: ran.append(time.time())}, clock=clock)
     queue.schedule("each-second", "* * * * * *", "beat")
     queue.process()  # stores the schedule (its first fire time is the next second)
@@ -363,8 +363,8 @@ def test_bgq_process_fires_due_schedules_and_runs_their_jobs_in_the_same_pass(
 def test_bgq_consume_fires_due_schedules(broker_queue, rabbit, installed, clean_schedules):
     import threading
 
-    from bgq.consumer import consume
-    from bgq.stopping import GracefulStop
+    from bgq.modes.consume import consume
+    from bgq.modes.stopping import GracefulStop
 
     ran = []
     queue = broker_queue(callbacks={"beat": lambda: ran.append(time.time())})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bgq.install import RENDERED_TABLE, rendered_sql
+from bgq.sql.install import RENDERED_TABLE, rendered_sql
 from tests.support.cli import run_bgq
 
 ROOT = Path(__file__).resolve().parent.parent

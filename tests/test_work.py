@@ -1,6 +1,6 @@
 """`bgq work`, the continuous database worker, end to end on both dialects.
 
-In-process: `bgq.work.work(queue, stop=...)` runs in a thread and stops when the test sets
+In-process: `bgq.modes.work.work(queue, stop=...)` runs in a thread and stops when the test sets
 `stop.requested`. As a person runs it: `bgq --app tests.support.work_app:queue work` in a subprocess.
 """
 
@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-import bgq.executor
-import bgq.heartbeat
-import bgq.pipeline
-import bgq.runner
-import bgq.work
+import bgq.jobs.callback
+import bgq.jobs.executor
+import bgq.jobs.heartbeat
+import bgq.modes.pipeline
+import bgq.modes.work
 from bgq import (
     DieException,
     JobState,
@@ -31,7 +31,7 @@ from bgq import (
     WaitingException,
 )
 from bgq.errors import ConfigError
-from bgq.work import work
+from bgq.modes.work import work
 from tests.support import ledger_worker, work_app
 from tests.support.clock import FakeTime, fake_time
 from tests.support.helpers import (
@@ -184,7 +184,7 @@ def test_every_job_runs_once_and_ends_finished(make_queue, installed, workers):
 
 @pytest.mark.parametrize(
     ("grouped", "heads"),
-    [(False, bgq.work.HEADS_MAX), (True, 1), (True, bgq.work.HEADS_MAX)],
+    [(False, bgq.modes.work.HEADS_MAX), (True, 1), (True, bgq.modes.work.HEADS_MAX)],
     ids=["ungrouped", "grouped-chain", "grouped-batch"],
 )
 def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grouped, heads, monkeypatch):
@@ -192,9 +192,9 @@ def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grou
     on by the main thread) and of several groups kept together (their results written and their
     next heads claimed by the writer), each result written once, by hand_off, the one write path
     of `bgq work` (RECURRING and WaitingException included)."""
-    monkeypatch.setattr(bgq.work, "HEADS_MAX", heads)
+    monkeypatch.setattr(bgq.modes.work, "HEADS_MAX", heads)
     if grouped and heads > 1:  # every claim takes several heads from the first (not 1: a slow start)
-        monkeypatch.setattr(bgq.work._Worker, "_size", lambda self: bgq.work.BATCH_MAX)
+        monkeypatch.setattr(bgq.modes.work._Worker, "_size", lambda self: bgq.modes.work.BATCH_MAX)
     calls: Counter[str] = Counter()
 
     def raising(name: str, exc: Exception | None):
@@ -312,7 +312,7 @@ def test_outcomes_as_in_process_job(make_queue, installed, workers, caplog, grou
 def test_hooks_metadata_execution_time_and_memory(make_queue, installed, workers, monkeypatch):
     seen: dict[str, list[Any]] = {"before": [], "after": [], "error": []}
     fake = FakeTime()  # the clock of the execution time
-    monkeypatch.setattr(bgq.runner, "time", fake)
+    monkeypatch.setattr(bgq.jobs.callback, "time", fake)
 
     def slow(n: int, fail: bool = False) -> None:
         fake.advance(0.03)  # a callback that takes 30 ms
@@ -419,7 +419,7 @@ def test_a_worker_keeps_several_groups_and_hands_each_on_with_its_result(
         return written, heads
 
     left_when_idle: list[int] = []
-    real_idle = bgq.work._Worker._idle
+    real_idle = bgq.modes.work._Worker._idle
 
     def idle(self: Any, waker: Any, wait: float) -> Any:
         left_when_idle.append(len(ids) - len(ran))
@@ -427,10 +427,10 @@ def test_a_worker_keeps_several_groups_and_hands_each_on_with_its_result(
 
     monkeypatch.setattr(queue.procs, "claim_batch", claim)
     monkeypatch.setattr(queue.procs, "hand_off", hand_off)
-    monkeypatch.setattr(bgq.work._Worker, "_idle", idle)
+    monkeypatch.setattr(bgq.modes.work._Worker, "_idle", idle)
     # Under load a group's chain of 30 jobs outlasts CHAIN_SECONDS, each group let go costs a
     # claim, and the count of claims below would measure the machine's speed, not the hand-off.
-    monkeypatch.setattr(bgq.work, "CHAIN_SECONDS", 3600.0)
+    monkeypatch.setattr(bgq.modes.work, "CHAIN_SECONDS", 3600.0)
     worker = workers(queue, poll=5.0)
     wait_until(lambda: len(ran) == len(ids), "every job to run", 30)
     assert worker.finish() == 0
@@ -452,11 +452,11 @@ def test_die_exception_stops_the_worker_before_the_next_job(
 ):
     # Held jobs stay held until the DieException (on a loaded host a 1 s hold could give them
     # back first, and then no give-back at the DieException would be exercised).
-    monkeypatch.setattr(bgq.pipeline, "HOLD_SECONDS", 30.0)
+    monkeypatch.setattr(bgq.modes.pipeline, "HOLD_SECONDS", 30.0)
     # Claims of 5 (a0-a4, a5-a9, then a10, a11, die, b0, b1), so that jobs are held behind the
     # DieException whatever the callbacks' timings: the adaptive size grows with how fast the
     # jobs ran, and could make `die` the last job of its claim (nothing held to give back).
-    monkeypatch.setattr(bgq.work._Worker, "_size", lambda self: 5)
+    monkeypatch.setattr(bgq.modes.work._Worker, "_size", lambda self: 5)
     calls: list[str] = []
     held_at_die: list[int] = []
     group = "g" if grouped else None
@@ -536,7 +536,7 @@ def test_held_jobs_are_given_back_while_a_slow_job_runs(make_queue, installed, w
     slow: dict[str, Any] = {}
     b_may_start = threading.Event()
     fake = FakeTime()  # the pipelines' clock, which says when a held job is stale
-    monkeypatch.setattr(bgq.pipeline, "time", fake)
+    monkeypatch.setattr(bgq.modes.pipeline, "time", fake)
 
     def run_by_b(held: list[int]) -> bool:
         queue_a.heartbeat()  # the slow job stays A's meanwhile: the reapers leave it alone
@@ -586,7 +586,7 @@ def test_a_held_job_cancelled_before_it_starts_is_recorded_cancelled_when_given_
     ran: list[str] = []
     cancelled: list[int] = []
     fake = FakeTime()  # the pipeline's clock, which says when a held job is stale
-    monkeypatch.setattr(bgq.pipeline, "time", fake)
+    monkeypatch.setattr(bgq.modes.pipeline, "time", fake)
 
     def given_back(held: list[int]) -> bool:
         queue.heartbeat()  # and this job is not reaped meanwhile
@@ -831,7 +831,7 @@ def test_a_claim_slower_than_the_hold_still_runs_its_jobs(make_queue, installed,
     ids = [queue.publish("rec", [n]) for n in range(3)]
     real = queue.procs.claim_batch
     # the clock of `bgq work`'s claims, of its pipeline's hold, of the late-start check and the heartbeat
-    fake = fake_time(monkeypatch, bgq.work, bgq.pipeline, bgq.executor, bgq.heartbeat)
+    fake = fake_time(monkeypatch, bgq.modes.work, bgq.modes.pipeline, bgq.jobs.executor, bgq.jobs.heartbeat)
 
     def slow_claim(*args, **kwargs):
         result = real(*args, **kwargs)
@@ -848,8 +848,8 @@ def test_a_job_reaped_before_it_started_is_not_run_by_the_late_worker(make_queue
     """A worker frozen between claiming a job and starting it (SIGSTOP, a paused VM) finds, when it
     resumes past half of stalled_job_timeout, that the job was reaped and claimed by another
     worker: it must not run the callback a second time (found by make chaos, cron mode)."""
-    from bgq.pipeline import Held
-    from bgq.work import _Worker
+    from bgq.modes.pipeline import Held
+    from bgq.modes.work import _Worker
 
     ran: list[int] = []
     queue = make_queue(callbacks={"rec": ran.append}, stalled_job_timeout=2)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bgq import supervisor
+from bgq.cli import supervisor
 from tests.support.helpers import wait_until
 from tests.support.work_app import Cli
 from tests.test_work import cli  # noqa: F401  (the fixture)

@@ -1,4 +1,4 @@
-"""The worker registry (bgq/workers.py), `bgq workers`, and the dead-worker reap end to end."""
+"""The worker registry (bgq/modes/registry.py), `bgq workers`, and the dead-worker reap end to end."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 
 from bgq import JobState
 from bgq.errors import ConfigError
+from bgq.jobs.reaper import REAP_INTERVAL
 from bgq.model import WorkerMode, WorkerRow
-from bgq.reaper import REAP_INTERVAL
-from bgq.workers import Registry, version
+from bgq.modes.registry import Registry, version
 from tests.support.cli import run_bgq
 from tests.support.helpers import state_of, wait_until
 from tests.support.work_app import ROOT

@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy.engine import Connection  # noqa: E402
 
 from bgq.db import Database  # noqa: E402
-from bgq.install import install, uninstall  # noqa: E402
 from bgq.model import Claimed, JobResult, JobState  # noqa: E402
-from bgq.procs import Procs  # noqa: E402
+from bgq.sql.calls import Procs  # noqa: E402
+from bgq.sql.install import install, uninstall  # noqa: E402
 from tools.head_timing import URLS  # noqa: E402 (the same servers, the same environment variables)
 
 

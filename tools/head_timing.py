@@ -31,8 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bgq.db import Database  # noqa: E402
-from bgq.install import install, uninstall  # noqa: E402
-from bgq.procs import Procs  # noqa: E402
+from bgq.sql.calls import Procs  # noqa: E402
+from bgq.sql.install import install, uninstall  # noqa: E402
 
 URLS = {
     "mysql": os.environ.get("BGQ_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test"),

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import uvicorn  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from bgq.install import uninstall  # noqa: E402
+from bgq.sql.install import uninstall  # noqa: E402
 from bgq.web import Credentials, app  # noqa: E402
 from bgq.web.demo import DEMO_TABLE, demo_queue, seed  # noqa: E402
 

@@ -28,7 +28,7 @@ from sqlalchemy import event  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from bgq import Queue  # noqa: E402
-from bgq.install import install, uninstall  # noqa: E402
+from bgq.sql.install import install, uninstall  # noqa: E402
 from bgq.web import app  # noqa: E402
 
 URLS = {

@@ -22,7 +22,7 @@ from ..errors import (
     NodeNotReadyError,
     ReadOnlyError,
 )
-from .alone import Alone, Sent
+from .autocommit import Alone, Sent
 from .dialect import Dialect, InstalledRoutine, Proc
 from .urls import dialect_for, dialect_name, normalise_url, render_url
 
@@ -65,7 +65,7 @@ _PG_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction begun on the c
 #: Default of the Queue option `lock_timeout`, in seconds.
 LOCK_TIMEOUT = 5
 #: The engine's pool: connections kept idle, and opened beyond them at most; the same bounds for
-#: the single-statement connections (bgq/db/alone.py), a second set beside the pool.
+#: the single-statement connections (bgq/db/autocommit.py), a second set beside the pool.
 POOL_SIZE = 2
 MAX_OVERFLOW = 8
 
@@ -422,7 +422,7 @@ class Database:
 
     def execute_alone(self, sql: str, values: Sequence[Any]) -> tuple[list[tuple[Any, ...]], int | None]:
         """Run one statement in a transaction of its own, in one round trip, on a connection bgq
-        keeps in autocommit mode (bgq/db/alone.py); return (its rows, the cursor's lastrowid).
+        keeps in autocommit mode (bgq/db/autocommit.py); return (its rows, the cursor's lastrowid).
 
         A connection lost after the statement was sent raises ConnectionLostError with
         `retryable` False (it may have committed); one found lost before is replaced silently."""

@@ -23,7 +23,7 @@ class InstalledRoutine:
 
 @dataclass(frozen=True)
 class InstallLockSql:
-    """The statements of the install lock (bgq/migrate.py install_lock), each run in autocommit
+    """The statements of the install lock (bgq/sql/migrations.py install_lock), each run in autocommit
     mode with the parameters %(table)s (the jobs table), %(holder)s (this install's own token)
     and %(lease)s (seconds): `setup` once, then `take` until its last statement returns true,
     `refresh` (if any) every lease / 6 while the install runs, `release` at the end.
@@ -91,7 +91,7 @@ class Dialect(Protocol):
         """A COUNT of the tables named %s in the current database (MySQL) or schema (PostgreSQL)."""
 
     def keep_autocommit(self, dbapi_connection: Any) -> int:
-        """Switch a connection bgq keeps for single statements (bgq/db/alone.py) to autocommit;
+        """Switch a connection bgq keeps for single statements (bgq/db/autocommit.py) to autocommit;
         return the file descriptor of its socket."""
 
     def send(self, dbapi_connection: Any, sql: str, values: Sequence[Any]) -> None:

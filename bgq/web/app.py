@@ -21,7 +21,7 @@ from starlette.templating import Jinja2Templates
 from ..errors import ConfigError, JobNotFoundError, JobStateError
 from ..model import Cancelled, JobState, Pause, WorkerRow
 from ..queue import Queue
-from ..reads import JobFilter, Reads
+from ..sql.reads import JobFilter, Reads
 from .auth import ADMIN, Credentials, Gate
 
 HERE = Path(__file__).resolve().parent

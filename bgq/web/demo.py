@@ -8,9 +8,9 @@ import random
 from typing import Any
 
 from ..errors import PermanentErrorException
-from ..install import uninstall
+from ..modes.registry import version
 from ..queue import Queue
-from ..workers import version
+from ..sql.install import uninstall
 
 DEMO_TABLE = "bgq_console_demo"
 DEMO_QUEUE = "shop"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bgq.signatures import BACK_TO_BROKER
+from bgq.sql.signatures import BACK_TO_BROKER
 from tests.support.helpers import (
     T0,
     at,

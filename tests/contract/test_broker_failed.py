@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bgq.signatures import BROKER_FAILED
+from bgq.sql.signatures import BROKER_FAILED
 from tests.support.helpers import (
     T0,
     at,

@@ -13,8 +13,8 @@ import pytest
 from bgq.db import mysql as mysql_dialect
 from bgq.db import postgres as postgres_dialect
 from bgq.model import ClaimResult, FinishResult, GroupHead, JobRef, JobState, Mode, Reaped
-from bgq.procs import Procs
-from bgq.signatures import ALL_PROCS, FINISH, INTERNAL_PROCS
+from bgq.sql.calls import Procs
+from bgq.sql.signatures import ALL_PROCS, FINISH, INTERNAL_PROCS
 from tests.support.helpers import PID, QUEUE, T0, at, claim, claimed, new_job, set_row
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -569,10 +569,12 @@ def test_a_wrong_result_column_in_a_copy_of_a_header_is_caught(installed, old, n
 
 # --- the SQL seam ---
 
-#: The procedure calls (procs.py), the publish INSERTs (inserts.py), the installer (install.py),
-#: the database seam and the web console's SELECTs (reads.py); no other module names SQL.
+#: The procedure calls (sql/calls.py), the publish INSERTs (sql/inserts.py), the installer
+#: (sql/install.py), the database seam (db/) and the web console's SELECTs (sql/reads.py); no other
+#: module names SQL.
 _SQL_HOMES = {
-    "procs.py", "inserts.py", "install.py", "reads.py", "db/__init__.py", "db/mysql.py", "db/postgres.py",
+    "sql/calls.py", "sql/inserts.py", "sql/install.py", "sql/reads.py",
+    "db/__init__.py", "db/mysql.py", "db/postgres.py",
 }  # fmt: skip
 _SQL_WORDS = ("SELECT ", "INSERT INTO", "UPDATE ", "DELETE FROM", "CALL ")
 
@@ -587,7 +589,7 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return ids
 
 
-def test_no_sql_outside_procs_and_db():
+def test_no_sql_outside_the_sql_and_db_layers():
     package = ROOT / "bgq"
     offenders = []
     for path in sorted(package.rglob("*.py")):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from bgq.signatures import HEARTBEAT
+from bgq.sql.signatures import HEARTBEAT
 from tests.support.helpers import (
     T0,
     at,

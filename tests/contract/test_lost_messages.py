@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bgq.signatures import LOST_MESSAGES
+from bgq.sql.signatures import LOST_MESSAGES
 from tests.support.helpers import (
     T0,
     at,

@@ -14,7 +14,7 @@ import re
 import pytest
 from pglast import parser
 
-from bgq.install import SqlFiles, render
+from bgq.sql.install import SqlFiles, render
 
 FILES = SqlFiles.load("postgres")
 TABLE = "background_job"

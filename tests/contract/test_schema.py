@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from bgq.install import SCHEMA_VERSION
 from bgq.model import JobState, Mode
+from bgq.sql.install import SCHEMA_VERSION
 from tests.support.helpers import (
     T0,
     background,

@@ -6,7 +6,7 @@ PROCESSING", the group's head, "the current attempt was cancelled") could drift 
 these are the rules' own spellings, which only the macros may contain. The schema's index
 predicates and generated columns use the same macros (PostgreSQL's planner matches a partial
 index's predicate word for word), and so does every module of bgq/ that holds SQL: the state
-lists are not spelled out there either (reads.py names them by its PENDING tuple).
+lists are not spelled out there either (sql/reads.py names them by its PENDING tuple).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import bgq
-from bgq.install import sql_dir
+from bgq.sql.install import sql_dir
 
 #: What only macros/rules.sql may spell out, per rule.
 RULES = {
@@ -43,7 +43,7 @@ RULES = {
     ),
 }
 
-#: The rules a Python module holding SQL (reads.py, procs.py, the console) may not spell out.
+#: The rules a Python module holding SQL (sql/reads.py, sql/calls.py, the console) may not spell out.
 PYTHON_RULES = ("unstarted", "claimable", "claimable_not_waiting")
 
 

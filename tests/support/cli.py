@@ -23,7 +23,8 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from bgq import cli, logfmt
+from bgq import logfmt
+from bgq.cli import commands as cli
 
 BGQ = shutil.which("bgq", path=str(Path(sys.executable).parent)) or str(Path(sys.executable).parent / "bgq")
 

@@ -29,7 +29,7 @@ class Clock:
 
 class FakeTime:
     """A stand-in for the `time` module of one bgq module whose time.monotonic() and
-    time.perf_counter() a test moves forward: `monkeypatch.setattr(bgq.executor, "time",
+    time.perf_counter() a test moves forward: `monkeypatch.setattr(bgq.jobs.executor, "time",
     fake)`, then `fake.advance(1.2)` is what a process stopped (SIGSTOP, a paused VM) or busy for
     1.2 s sees, without waiting. Every other name is the real time module's."""
 
@@ -50,7 +50,7 @@ class FakeTime:
 
 
 def fake_time(monkeypatch: Any, *modules: Any) -> FakeTime:
-    """One FakeTime as the `time` of every module given (bgq.work, bgq.pipeline, ...)."""
+    """One FakeTime as the `time` of every module given (bgq.modes.work, bgq.modes.pipeline, ...)."""
     fake = FakeTime()
     for module in modules:
         monkeypatch.setattr(module, "time", fake)

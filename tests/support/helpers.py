@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from bgq.model import ClaimResult, FinishResult, NewJob
-from bgq.procs import Procs
+from bgq.sql.calls import Procs
 
 UTC = dt.UTC
 #: The clock of every time-dependent test (far from the server's clock, with microseconds).
@@ -296,7 +296,7 @@ def claim_batch(
     max_heads: int | None = None,
     worker_id: int | None = None,
 ) -> list[Any]:
-    """One claim_batch (a list of bgq.procs.Claimed) in a transaction of its own (or on `conn`)."""
+    """One claim_batch (a list of bgq.sql.calls.Claimed) in a transaction of its own (or on `conn`)."""
     args = (queue, limit, pid, min_priority, max_priority, waiting_ms, now)
     options = {"max_heads": max_heads, "worker_id": worker_id}
     if conn is not None:
@@ -319,7 +319,7 @@ def hand_off(
     conn: Connection | None = None,
     worker_id: int | None = None,
 ) -> tuple[dict[int, bool], list[Any]]:
-    """One hand_off (bgq.procs.JobResult objects written, then the head of `group`, or of each
+    """One hand_off (bgq.sql.calls.JobResult objects written, then the head of `group`, or of each
     group of a list, claimed) in a transaction of its own (or on `conn`): ({id: written}, the
     claimed heads in (priority, id) order). None passes no groups at all (an error)."""
     groups = [group] if isinstance(group, str) else group
@@ -333,7 +333,7 @@ def hand_off(
 def finish_batch(
     installed: Any, results: list[Any], *, now: dt.datetime = T0, conn: Connection | None = None
 ) -> dict[int, bool]:
-    """One finish_batch of bgq.procs.JobResult objects in a transaction of its own (or on `conn`)."""
+    """One finish_batch of bgq.sql.calls.JobResult objects in a transaction of its own (or on `conn`)."""
     if conn is not None:
         return procs(installed).finish_batch(conn, results, now)
     with installed.db.transaction() as own:

@@ -123,7 +123,7 @@ def consume_ledger(
     `stalled`: its stalled_job_timeout (0: its reaper is off); `backoff`: its stalled_job_backoff
     (None: the default, a minute or more before a reaped job runs again)."""
     from bgq.broker.rabbitmq import RabbitMQ
-    from bgq.consumer import GracefulStop, consume
+    from bgq.modes.consume import GracefulStop, consume
 
     _ledger["engine"] = sa.create_engine(url)
     _ledger["table"] = ledger

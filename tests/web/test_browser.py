@@ -251,7 +251,7 @@ def test_pause_a_group_from_the_console_holds_it_until_resumed(pages, console, i
 
 def test_the_workers_page_the_overview_and_a_job_name_the_worker(pages, console, installed):
     from bgq.model import WorkerMode
-    from bgq.workers import Registry
+    from bgq.modes.registry import Registry
 
     page = pages(ADMIN)
     with Registry(console.queue, WorkerMode.WORK, "general") as registry:

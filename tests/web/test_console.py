@@ -8,9 +8,9 @@ import datetime as dt
 import pytest
 from typer.testing import CliRunner
 
-from bgq.cli import app as cli_app
+from bgq.cli.commands import app as cli_app
 from bgq.errors import ConfigError
-from bgq.reads import JobFilter, Reads
+from bgq.sql.reads import JobFilter, Reads
 from bgq.web import Credentials, app
 from bgq.web.app import blocker, stamp
 
@@ -332,7 +332,7 @@ def test_a_worker_silent_longer_than_worker_dead_after_shows_dead(make_queue, in
     from starlette.testclient import TestClient
 
     from bgq.model import WorkerMode
-    from bgq.workers import Registry
+    from bgq.modes.registry import Registry
 
     queue = make_queue(worker_heartbeat_interval=60, worker_dead_after=200)  # no beat during the test
     client = TestClient(app(queue, no_auth=True))

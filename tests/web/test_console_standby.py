@@ -100,7 +100,7 @@ def test_bgq_web_read_url_reads_on_the_standby_and_alone_is_read_only(installed,
     from typer.testing import CliRunner
 
     import bgq.web.serve
-    from bgq.cli import app as cli_app
+    from bgq.cli.commands import app as cli_app
 
     served: list[dict[str, object]] = []
 

@@ -424,15 +424,15 @@ fraction of the floor of its dialect: enqueue and 1-worker cells against the 1-c
 
 ### How each system is set up, and why
 
-- **bgq work** (`bgq-pg-work`, `bgq-my-work`): worker processes call `bgq.work.work(queue,
-  sub_queue=None, priorities=None, stop=stop)` inside `bgq.stopping.GracefulStop`, which is what
+- **bgq work** (`bgq-pg-work`, `bgq-my-work`): worker processes call `bgq.modes.work.work(queue,
+  sub_queue=None, priorities=None, stop=stop)` inside `bgq.modes.stopping.GracefulStop`, which is what
   `bgq work` runs. On PostgreSQL they wake on LISTEN/NOTIFY, on MariaDB on a `SELECT MAX(id)` probe
   every 5 ms (the claims themselves back off from 5 ms to `--poll`).
   Enqueue: `Queue.publish()` per job; bulk: `start_bulk()` / `end_bulk()` with `bulk_size=500`.
   Groups: `serial_group="one"` or `"g<i % 100>"`.
 - **bgq broker** (`bgq-pg-broker`, `bgq-my-broker`): the same table, producer
   `bgq.broker.rabbitmq.RabbitMQ`; `publish()` commits the row, then sends its id to RabbitMQ;
-  worker processes run `bgq.consumer.consume` (what `bgq consume` runs). Its "(d) 2 workers"
+  worker processes run `bgq.modes.consume.consume` (what `bgq consume` runs). Its "(d) 2 workers"
   cell is the broker-mode 2-worker figure.
 - **bgq cron** (`bgq-pg-cron`, `bgq-my-cron`): its own table below (publishing is the same call
   as the work rows').

@@ -220,7 +220,9 @@ class System:
     bulk_supported = True
     groups_supported = True
     latency_supported = True
-    graceful_stop = False  # its workers run under bgq.stopping.GracefulStop: SIGTERM must end them with 0
+    graceful_stop = (
+        False  # its workers run under bgq.modes.stopping.GracefulStop: SIGTERM must end them with 0
+    )
     #: the label of a row whose processing cells this row shares (same workers), if it runs too
     processing_same_as: str | None = None
     #: the throughput cases it runs (bgq cron: only its own cron case)
@@ -268,8 +270,8 @@ class Bgq(System):
 
         import bgq
 
-        if self.mode == "work" and importlib.util.find_spec("bgq.work") is None:
-            raise NotApplicable("bgq/work.py does not exist")
+        if self.mode == "work" and importlib.util.find_spec("bgq.modes.work") is None:
+            raise NotApplicable("bgq/modes/work.py does not exist")
         self.created = True
         if self.dialect == "postgres":
             self.db_name = pg_create_db("bgq")
@@ -352,7 +354,7 @@ class Bgq(System):
 
     def cleanup(self) -> None:
         from bgq.db import Database
-        from bgq.install import uninstall
+        from bgq.sql.install import uninstall
 
         if self._engine is not None:
             self._engine.dispose()
@@ -649,7 +651,7 @@ def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
 
     if kind == "bgq":
         import bgq
-        from bgq.stopping import GracefulStop
+        from bgq.modes.stopping import GracefulStop
 
         mode = spec["mode"]
         producer = None
@@ -667,13 +669,13 @@ def worker_main(kind: str, spec: dict, ready: str, go: str) -> None:
         )
         queue.procs  # connect and check the installed procedures before "go"  # noqa: B018
         if mode == "work":
-            from bgq.work import work
+            from bgq.modes.work import work
 
             barrier()
             with GracefulStop() as stop:  # what `bgq work` runs; SIGTERM ends it
                 work(queue, sub_queue=None, priorities=None, stop=stop)
             return
-        from bgq.consumer import consume  # broker mode (cron mode runs `bgq process`: run_cron)
+        from bgq.modes.consume import consume  # broker mode (cron mode runs `bgq process`: run_cron)
 
         barrier()
         with GracefulStop() as stop:  # what `bgq consume` runs; SIGTERM ends it

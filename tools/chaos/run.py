@@ -76,8 +76,8 @@ LOG_NOTES = (
     ("Unexpected state", "Unexpected state"),
     ("reaped messages", "Stalled job reaped"),
     ("lock wait timeout", "Lock wait timeout"),
-    # broker mode: ids the lost-message pass of `bgq process` had to send again (bgq/cron.py), and
-    # consumers that lost their broker connection (bgq/consumer.py)
+    # broker mode: ids the lost-message pass of `bgq process` had to send again (bgq/modes/process.py), and
+    # consumers that lost their broker connection (bgq/modes/consume.py)
     ("republished lost messages", "Lost broker message republished"),
     ("broker reconnects", "The broker connection failed"),
 )

@@ -1,0 +1,1 @@
+"""A job's life below the modes: published, sent, run, heartbeated, reaped, scheduled, administered."""
