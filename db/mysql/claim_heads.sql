@@ -29,12 +29,12 @@
 --   cleared; being the head of a group without a PROCESSING job is what its predecessor check
 --   asks); any other head through {{ table }}_claim_job, which re-checks it under the group
 --   lock (predecessor, UNIQUE duplicate, coalescing). Only 'claimed' heads are returned.
--- Locks: the new group rows (an INSERT that waits at most {{ group_lock_wait_s }} s for a concurrent first claim of the
---   same group; past that, the call goes on without those groups: innodb_lock_wait_timeout is {{ group_lock_wait_s }}
---   for that INSERT only, restored at once, also on error), then the group rows FOR
---   UPDATE SKIP LOCKED, in serial_group order (those this transaction holds already are taken
---   as well): a group row another transaction holds is not waited for, and that group's head is
---   left alone. Then the claimed job rows.
+-- Locks: the new group rows (an INSERT that waits at most {{ group_lock_wait_s }} s for a
+--   concurrent first claim of the same group; past that, the call goes on without those groups:
+--   innodb_lock_wait_timeout is {{ group_lock_wait_s }} for that INSERT only, restored at once,
+--   also on error), then the group rows FOR UPDATE SKIP LOCKED, in serial_group order (those this
+--   transaction holds already are taken as well): a group row another transaction holds is not
+--   waited for, and that group's head is left alone. Then the claimed job rows.
 -- Fencing: every claim is conditional on a claimable state.
 -- Errors: none of its own. Idempotent: no (a second call may claim the next heads).
 -- MySQL 8: SKIP LOCKED (8.0.1+), JSON_TABLE (8.0.4+) and JSON_ARRAYAGG (8.0.14+) are accepted by

@@ -33,13 +33,14 @@
 --   last_attempt_at, pid, metadata, worker_id; postponed_by and error_message cleared) and, with a
 --   coalesce_threshold, swallows the unstarted jobs of its group whose threshold is >= its own
 --   (REDUNDANT). {{ table }}_group_wake then refreshes the group row.
--- Locks: the group row (waits at most {{ group_lock_wait_s }} s: {{ table }}_claim_job is declared SET lock_timeout =
---   '{{ group_lock_wait_s }}s', which PostgreSQL restores when the function returns, also on error;
---   lock_not_available, SQLSTATE 55P03, on that one statement is caught in a subtransaction and
---   becomes 'locked'), then the job row (FOR UPDATE). The other reads are plain reads: at READ
---   COMMITTED each statement sees the latest committed rows. The {{ group_lock_wait_s }} s bound covers every lock
---   wait inside the function: a longer wait elsewhere (the job row of an ungrouped job that
---   another transaction holds) raises SQLSTATE 55P03, which the caller may retry.
+-- Locks: the group row (waits at most {{ group_lock_wait_s }} s: {{ table }}_claim_job is declared
+--   SET lock_timeout = '{{ group_lock_wait_s }}s', which PostgreSQL restores when the function
+--   returns, also on error; lock_not_available, SQLSTATE 55P03, on that one statement is caught in
+--   a subtransaction and becomes 'locked'), then the job row (FOR UPDATE). The other reads are
+--   plain reads: at READ COMMITTED each statement sees the latest committed rows. The
+--   {{ group_lock_wait_s }} s bound covers every lock wait inside the function: a longer wait
+--   elsewhere (the job row of an ungrouped job that another transaction holds) raises SQLSTATE
+--   55P03, which the caller may retry.
 -- Fencing: every write is conditional on a claimable state; a job claimed elsewhere first is
 --   'unexpected' or 'skipped' here and nothing is written.
 -- Errors: none of its own. Idempotent: a second call on a claimed job is 'unexpected'.

@@ -10,8 +10,8 @@
 --   o_outcome, o_attempt, o_state, o_predecessor_id, o_promoted_id: outcome, attempt, state,
 --   predecessor_id and promoted_id as documented in {{ table }}_claim.
 -- Steps, Locks, Fencing, Errors, Idempotent: as documented in {{ table }}_claim (the group row
---   waits at most {{ group_lock_wait_s }} s: this function is declared SET lock_timeout = '{{ group_lock_wait_s }}s', which PostgreSQL
---   restores when it returns, also on error).
+--   waits at most {{ group_lock_wait_s }} s: this function is declared SET lock_timeout =
+--   '{{ group_lock_wait_s }}s', which PostgreSQL restores when it returns, also on error).
 -- Group row: every claim of a group's job writes the group's row (the MySQL twin's rule, for
 --   Galera, where a row lock holds on one node only); here the row is locked or upserted as
 --   before: version 4 changes nothing in this file but the version.

@@ -51,8 +51,8 @@
 --   for its group row), then the job rows, then the group rows of p_groups FOR UPDATE SKIP
 --   LOCKED (held already for a group whose job p_results finished): a group row another
 --   transaction holds is not waited for, and that group's head is left alone. Only a group that
---   has no row yet gets it from {{ table }}_claim_job, which waits at most {{ group_lock_wait_s }} s for a concurrent
---   first claim.
+--   has no row yet gets it from {{ table }}_claim_job, which waits at most
+--   {{ group_lock_wait_s }} s for a concurrent first claim.
 -- Fencing: each result is written only WHERE state = 2 AND number_of_attempts = attempt; each
 --   claim is conditional on a claimable state.
 -- Errors: SQLSTATE BQ002 (nothing written) when p_groups is not a JSON array; those of

@@ -9,7 +9,7 @@ from concurrent import futures
 
 import pytest
 
-from bgq.install import GROUP_LOCK_WAIT_S
+from bgq.sql.install import GROUP_LOCK_WAIT_S
 from tests.support.helpers import (
     PID,
     QUEUE,

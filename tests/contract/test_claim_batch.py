@@ -10,7 +10,7 @@ import time
 import pytest
 
 import bgq
-from bgq.install import GROUP_LOCK_WAIT_S
+from bgq.sql.install import GROUP_LOCK_WAIT_S
 from tests.support.helpers import (
     PID,
     QUEUE,

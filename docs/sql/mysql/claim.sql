@@ -32,9 +32,10 @@
 --   last_attempt_at, pid, metadata, worker_id; postponed_by and error_message cleared) and, with a
 --   coalesce_threshold, swallows the unstarted jobs of its group whose threshold is >= its own
 --   (REDUNDANT). background_job_group_wake then refreshes the group row.
--- Locks: the group row (waits at most 3 s: innodb_lock_wait_timeout is set to 3 for that one
---   statement and restored at once, also on error), then the job row (FOR UPDATE). Reads after
---   the lock are locking reads, so REPEATABLE READ sees the latest committed rows.
+-- Locks: the group row (waits at most 3 s: innodb_lock_wait_timeout is set to
+--   3 for that one statement and restored at once, also on error), then the
+--   job row (FOR UPDATE). Reads after the lock are locking reads, so REPEATABLE READ sees the
+--   latest committed rows.
 -- Fencing: every write is conditional on a claimable state; a job claimed elsewhere first is
 --   'unexpected' or 'skipped' here and nothing is written.
 -- Errors: none of its own. Idempotent: a second call on a claimed job is 'unexpected'.

@@ -46,8 +46,8 @@
 --   UPDATE SKIP LOCKED too (background_job_claim_heads): a head whose group row another
 --   transaction holds (a claim or a finish in progress) is left out and the next candidate is
 --   tried, so batch claims neither wait for nor deadlock on each other. Only a group that has no
---   row yet (never claimed) gets one from background_job_claim_heads, which waits at most 3 s for a
---   concurrent first claim of the same group.
+--   row yet (never claimed) gets one from background_job_claim_heads, which waits at most
+--   3 s for a concurrent first claim of the same group.
 -- Fencing: every write is conditional on a claimable state.
 -- Errors: 31002 / SQLSTATE BQ002 when p_limit is NULL or < 1 (nothing written).
 -- Idempotent: no (each call claims more jobs); a claimed job is never claimed again.

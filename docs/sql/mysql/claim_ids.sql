@@ -27,8 +27,8 @@
 --   coalescing, group wake-up: its Steps), except the grouped ones after the first ('deferred').
 -- Locks: the ungrouped jobs' rows (the locking read waits for a row another transaction holds,
 --   then reads its latest version), then those of background_job_claim_job for each other id (one
---   group row at most, waiting at most 3 s, then the job row). All last until the end of the
---   caller's transaction.
+--   group row at most, waiting at most 3 s, then the job row). All last until
+--   the end of the caller's transaction.
 -- Fencing: every write is conditional on a claimable state; a job claimed elsewhere first is
 --   'unexpected' or 'skipped' here and nothing is written for it.
 -- Errors: none of its own. Idempotent: a second call on the same ids finds them claimed

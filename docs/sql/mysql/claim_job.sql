@@ -10,8 +10,8 @@
 --   o_outcome, o_attempt, o_state, o_predecessor_id, o_promoted_id: outcome, attempt, state,
 --   predecessor_id and promoted_id as documented in background_job_claim.
 -- Steps, Locks, Fencing, Errors, Idempotent: as documented in background_job_claim
---   (innodb_lock_wait_timeout is 3 for the group row's upsert only and restored at once, also
---   on error).
+--   (innodb_lock_wait_timeout is 3 for the group row's upsert only and
+--   restored at once, also on error).
 -- Group row (every claim of a group's job writes it, the rule of every claiming procedure): the
 --   upsert of the group row always changes it (macros/rules.sql group_touch: updated_at moves
 --   by at least 1 us), whatever the claim's outcome. A row lock holds on one Galera node only;

@@ -178,7 +178,8 @@ BEGIN
             WHERE id = v_id AND state = 2 AND number_of_attempts = v_attempt AND abort_requested_at >= last_attempt_at
             FOR UPDATE;
         END IF;
-        -- MySQL assigns left to right: error_message reads the row before state changes.
+        -- The one result writer (result_write; MySQL assigns left to right: error_message reads
+        -- the row before state changes).
         UPDATE background_job
         SET
             number_of_attempts = IF(

@@ -27,8 +27,8 @@
 --   when it is READY, TEMPORARILY_FAILED, WAITING or BROKER_FAILED, due (as in
 --   background_job_due_jobs without a broker), of the queue and priority range, while no job of
 --   the group is PROCESSING. Nothing else: order inside a group never bends.
--- Steps: the results are written as background_job_finish_results writes them, then the heads are
---   claimed. Three ways, with the same effects:
+-- Steps: the results are written by background_job_finish_results' writer (result_write in
+--   macros/rules.sql), then the heads are claimed. Three ways, with the same effects:
 --   - the short way, a lone group's chain: one FINISHED result without a copy, of a NORMAL or
 --     UNIQUE job of the one group of p_groups: the group row locked (upsert), the job written
 --     (fenced), the group woken if it has a WAITING job or a recorded waiting head
@@ -51,8 +51,8 @@
 --   for its group row), then the job rows, then the group rows of p_groups FOR UPDATE SKIP
 --   LOCKED (held already for a group whose job p_results finished): a group row another
 --   transaction holds is not waited for, and that group's head is left alone. Only a group that
---   has no row yet gets it from background_job_claim_job, which waits at most 3 s for a concurrent
---   first claim.
+--   has no row yet gets it from background_job_claim_job, which waits at most
+--   3 s for a concurrent first claim.
 -- Fencing: each result is written only WHERE state = 2 AND number_of_attempts = attempt; each
 --   claim is conditional on a claimable state.
 -- Errors: 31002 / SQLSTATE BQ002 (nothing written) when p_groups is not a JSON array; those of
@@ -167,7 +167,7 @@ BEGIN
         SET v_short = 1;
         INSERT INTO background_job_group (serial_group, updated_at) VALUES (v_group, v_now)
         ON DUPLICATE KEY UPDATE updated_at = GREATEST(v_now, updated_at + INTERVAL 1 MICROSECOND);
-        -- As background_job_finish_results writes a FINISHED result (a JSON null memory: NULL).
+        -- By the one result writer (a JSON null memory: NULL).
         UPDATE background_job
         SET
             execution_time = v_execution_time,
@@ -210,9 +210,8 @@ BEGIN
             ORDER BY n.name
             ON DUPLICATE KEY UPDATE updated_at = GREATEST(v_now, updated_at + INTERVAL 1 MICROSECOND);
             -- The jobs to write, locked: still PROCESSING under the results' claims; then the
-            -- results written as background_job_finish_results writes a FINISHED one (a JSON null
-            -- memory: NULL). Both statements reach the jobs by their primary key (see
-            -- run_listed).
+            -- results written by the one result writer (a JSON null memory: NULL). Both
+            -- statements reach the jobs by their primary key (see run_listed).
             SELECT GROUP_CONCAT(r.id) INTO v_list
             FROM JSON_TABLE(p_results, '$[*]' COLUMNS (id BIGINT UNSIGNED PATH '$.id')) AS r;
             SET @bgq_results = p_results, @bgq_now = v_now;

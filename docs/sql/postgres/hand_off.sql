@@ -27,8 +27,8 @@
 --   when it is READY, TEMPORARILY_FAILED, WAITING or BROKER_FAILED, due (as in
 --   background_job_due_jobs without a broker), of the queue and priority range, while no job of
 --   the group is PROCESSING. Nothing else: order inside a group never bends.
--- Steps: the results are written as background_job_finish_results writes them, then the heads are
---   claimed. Three ways, with the same effects:
+-- Steps: the results are written by background_job_finish_results' writer (result_write in
+--   macros/rules.sql), then the heads are claimed. Three ways, with the same effects:
 --   - the short way, a lone group's chain: one FINISHED result without a copy, of a NORMAL or
 --     UNIQUE job of the one group of p_groups: the group row locked (upsert), the job written
 --     (fenced), the group woken if it has a WAITING job or a recorded waiting head
@@ -51,8 +51,8 @@
 --   for its group row), then the job rows, then the group rows of p_groups FOR UPDATE SKIP
 --   LOCKED (held already for a group whose job p_results finished): a group row another
 --   transaction holds is not waited for, and that group's head is left alone. Only a group that
---   has no row yet gets it from background_job_claim_job, which waits at most 3 s for a concurrent
---   first claim.
+--   has no row yet gets it from background_job_claim_job, which waits at most
+--   3 s for a concurrent first claim.
 -- Fencing: each result is written only WHERE state = 2 AND number_of_attempts = attempt; each
 --   claim is conditional on a claimable state.
 -- Errors: SQLSTATE BQ002 (nothing written) when p_groups is not a JSON array; those of
@@ -146,13 +146,16 @@ BEGIN
         RETURNING g.waiting_head_id INTO v_waiting_head;
         UPDATE background_job AS j
         SET state = 3,
-            error_message = v_r ->> 'error',
-            postponed_by = (v_r ->> 'postponed_by')::INTEGER,
-            execution_time = (v_r ->> 'execution_time')::INTEGER,
-            memory = CASE WHEN JSON_TYPEOF(v_r -> 'memory') = 'null' THEN NULL ELSE v_r -> 'memory' END,
+            error_message = r.error,
+            postponed_by = r.postponed_by,
+            execution_time = r.execution_time,
+            memory = r.memory,
             finished_at = v_now,
             updated_at = v_now
-        WHERE j.id = v_id AND j.state = 2 AND j.number_of_attempts = (v_r ->> 'attempt')::INTEGER;
+        FROM JSON_TO_RECORD(v_r) AS r (
+            attempt INTEGER, error TEXT, postponed_by INTEGER, execution_time INTEGER, memory JSON
+        )
+        WHERE j.id = v_id AND j.state = 2 AND j.number_of_attempts = r.attempt;
         v_finished := CASE WHEN FOUND THEN 1 ELSE 0 END;
     ELSE
         v_group := NULL;  -- the batch way below
